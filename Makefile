@@ -1,0 +1,23 @@
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test install clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	JAX_PLATFORMS=cpu $(PY) demos/wiener_filter_1d.py --output demo_output
+
+test: $(STAMP)
+	JAX_PLATFORMS=cpu $(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) demo_output .pytest_cache

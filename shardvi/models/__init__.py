@@ -1,0 +1,4 @@
+"""Generative models."""
+from .model import Model
+
+__all__ = ["Model"]

@@ -1,0 +1,128 @@
+"""Arithmetic on pytrees of arrays, used as vectors by the solvers.
+
+All functions are pure and jittable. Vectors are arbitrary pytrees whose leaves
+are inexact arrays; two vectors in one operation must share their structure.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import tree_util as jtu
+
+__all__ = [
+    "add", "sub", "scale", "axpy", "vdot", "norm", "zeros_like", "size",
+    "where", "stack", "unstack_index", "leaf_dtype", "all_finite", "conj", "linear_adjoint",
+    "random_like",
+]
+
+
+def add(a, b):
+    """Leafwise ``a + b``."""
+    return jtu.tree_map(jnp.add, a, b)
+
+
+def sub(a, b):
+    """Leafwise ``a - b``."""
+    return jtu.tree_map(jnp.subtract, a, b)
+
+
+def scale(alpha, a):
+    """Leafwise ``alpha * a`` for a scalar ``alpha``."""
+    return jtu.tree_map(lambda x: alpha * x, a)
+
+
+def axpy(alpha, x, y):
+    """Leafwise ``alpha * x + y``."""
+    return jtu.tree_map(lambda xi, yi: alpha * xi + yi, x, y)
+
+
+def vdot(a, b):
+    """Real inner product ``sum(conj(a) * b)`` over all leaves (a scalar)."""
+    parts = [jnp.real(jnp.vdot(x, y)) for x, y in zip(jtu.tree_leaves(a), jtu.tree_leaves(b))]
+    if not parts:
+        return jnp.zeros(())
+    out = parts[0]
+    for p in parts[1:]:
+        out = out + p
+    return out
+
+
+def norm(a):
+    """Euclidean norm over all leaves."""
+    return jnp.sqrt(vdot(a, a))
+
+
+def zeros_like(a):
+    """Pytree of zeros with the structure, shapes and dtypes of ``a``."""
+    return jtu.tree_map(jnp.zeros_like, a)
+
+
+def size(a) -> int:
+    """Total number of scalar entries (static)."""
+    return int(sum(jnp.size(x) for x in jtu.tree_leaves(a)))
+
+
+def where(cond, a, b):
+    """Select the whole pytree ``a`` where the scalar ``cond`` holds, else ``b``."""
+    return jtu.tree_map(lambda x, y: jnp.where(cond, x, y), a, b)
+
+
+def stack(trees):
+    """Stack a sequence of same-structured pytrees along a new leading axis."""
+    return jtu.tree_map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def unstack_index(tree, i):
+    """Entry ``i`` along the leading axis of every leaf."""
+    return jtu.tree_map(lambda x: x[i], tree)
+
+
+def leaf_dtype(a):
+    """Common result dtype of all leaves."""
+    leaves = jtu.tree_leaves(a)
+    return jnp.result_type(*leaves) if leaves else jnp.float32
+
+
+def all_finite(a):
+    """Scalar bool: every entry of every leaf is finite."""
+    leaves = jtu.tree_leaves(a)
+    if not leaves:
+        return jnp.array(True)
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
+def conj(a):
+    """Leafwise complex conjugate (a no-op on real leaves)."""
+    return jtu.tree_map(lambda x: jnp.conj(x) if jnp.iscomplexobj(x) else x, a)
+
+
+def linear_adjoint(vjp_fn):
+    """Adjoint of a linearization w.r.t. the real inner product ``Re(vdot(a, b))``.
+
+    ``jax.vjp`` does not conjugate cotangents; for maps with complex outputs the
+    adjoint in the real sense is ``vjp(conj(ct))``. Real maps are unaffected.
+    """
+    def adj(ct):
+        (out,) = vjp_fn(conj(ct))
+        return conj(out)
+    return adj
+
+
+def random_like(key, domain):
+    """Standard-normal pytree shaped like ``domain`` (ShapeDtypeStructs or arrays).
+
+    Complex leaves get independent unit-variance real and imaginary parts, i.e.
+    unit variance w.r.t. the real inner product used throughout.
+    """
+    leaves, treedef = jtu.tree_flatten(domain)
+    keys = jax.random.split(key, max(len(leaves), 1))
+    out = []
+    for k, d in zip(keys, leaves):
+        if jnp.issubdtype(d.dtype, jnp.complexfloating):
+            real = jnp.finfo(d.dtype).dtype
+            kr, ki = jax.random.split(k)
+            out.append((jax.random.normal(kr, d.shape, real) + 1j * jax.random.normal(ki, d.shape, real)
+                        ).astype(d.dtype))
+        else:
+            out.append(jax.random.normal(k, d.shape, d.dtype))
+    return jtu.tree_unflatten(treedef, out)

@@ -1,0 +1,92 @@
+"""Reduced chi-square diagnostics (NIFTy's ``minisanity``) and iteration reports."""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import tree_util as jtu
+
+from .samples import Samples
+
+__all__ = ["IterationReport", "residual_stats", "minisanity", "pooled_chi2"]
+
+
+class IterationReport(NamedTuple):
+    """Host-side summary of one global iteration (JSON-serializable)."""
+
+    iteration: int
+    sample_mode: str
+    n_samples: int
+    kl_energy: float
+    sampling_nit: list          # CG iterations per linear solve (empty for MAP)
+    nonlinear_nit: list         # Newton iterations per geoVI update (empty if linear)
+    kl_nit: int
+    kl_cg_nit: int
+    kl_status: int
+    chi2_likelihood: Optional[float]
+    chi2_prior: float
+    wall_time: float
+
+
+def _leaf_stats(stacked):
+    """Per leaf: (reduced chi^2 averaged over samples, std of it over samples, mean, dof)."""
+    def one(x):
+        x = jnp.asarray(x)
+        dof_factor = 2.0 if jnp.iscomplexobj(x) else 1.0
+        axes = tuple(range(1, x.ndim))
+        per_sample = jnp.mean(jnp.abs(x) ** 2, axis=axes) / dof_factor
+        return (jnp.mean(per_sample), jnp.std(per_sample), jnp.mean(jnp.real(x)),
+                int(np.prod(x.shape[1:])))
+    return jtu.tree_map(one, stacked)
+
+
+def residual_stats(samples: Samples, likelihood=None):
+    """Reduced chi-square statistics of the likelihood and prior residuals.
+
+    Returns
+    -------
+    dict
+        ``{"likelihood": {path: (chi2, chi2_std, mean, dof)}, "prior": {...}}``;
+        chi2 is ``mean |r|^2`` per degree of freedom averaged over samples
+        (1 for a well-fit model), ``mean`` the average residual (bias).
+    """
+    out = {}
+    stacked = samples.samples
+    if likelihood is not None and likelihood.has_normalized_residual:
+        nres = jax.vmap(likelihood.normalized_residual)(stacked)
+        out["likelihood"] = _flat(_leaf_stats(nres))
+    out["prior"] = _flat(_leaf_stats(stacked))
+    return out
+
+
+def _flat(tree):
+    items = jtu.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, tuple) and len(x) == 4
+                                       and isinstance(x[3], int))[0]
+    return {(jtu.keystr(p) or "."): tuple(float(v) if i < 3 else v for i, v in enumerate(s)) for p, s in items}
+
+
+def pooled_chi2(stats: dict) -> float:
+    """Degree-of-freedom weighted reduced chi^2 over all entries of one section."""
+    num = sum(s[0] * s[3] for s in stats.values())
+    den = sum(s[3] for s in stats.values())
+    return float(num / den) if den else float("nan")
+
+
+def minisanity(samples: Samples, likelihood=None) -> str:
+    """A table of reduced chi^2, its spread over samples, mean residual and dof.
+
+    Parameters
+    ----------
+    samples : Samples
+        Posterior samples (latent space).
+    likelihood : Likelihood, optional
+        Likelihood on the latent space; adds its normalized residuals.
+    """
+    stats = residual_stats(samples, likelihood)
+    lines = [f"{'residual':<28} {'red.chi2':>10} {'+-':>9} {'mean':>10} {'dof':>9}"]
+    for section, rows in stats.items():
+        for path, (c, cs, m, dof) in rows.items():
+            lines.append(f"{section + path:<28} {c:>10.4g} {cs:>9.2g} {m:>10.3g} {dof:>9d}")
+    return "\n".join(lines)

@@ -1,0 +1,187 @@
+"""Likelihood: energy, Fisher metric and its square root, on signal or latent space."""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+from jax import tree_util as jtu
+
+from .. import tree_math as tm
+from ..models.model import Model, normalize_domain
+
+__all__ = ["Likelihood"]
+
+
+def _shape_tree(tree):
+    return jtu.tree_map(lambda d: (tuple(d.shape), jnp.dtype(d.dtype).kind), tree)
+
+
+class Likelihood:
+    """Negative log-likelihood ``H(s) = -log p(d | s)`` with its Fisher geometry.
+
+    The Fisher metric is ``F(s) = (dT/ds)^T (dT/ds)`` for the *transformation*
+    ``T``; when no explicit ``metric``/``left_sqrt_metric`` is given they are
+    derived from ``T`` with one JVP and one VJP.
+
+    Parameters
+    ----------
+    energy : callable
+        ``s -> H(s)``, a real scalar.
+    transformation : callable, optional
+        ``s -> T(s)``; needed for geoVI and for the default metric.
+    domain : pytree of jax.ShapeDtypeStruct
+        Shapes/dtypes of ``s``.
+    metric : callable, optional
+        ``(s, t) -> F(s) t``.
+    left_sqrt_metric : callable, optional
+        ``(s, e) -> L(s) e`` with ``L L^T = F`` and ``e`` shaped like
+        ``lsm_tangents_shape``.
+    lsm_tangents_shape : pytree of jax.ShapeDtypeStruct, optional
+        Shape of ``e`` (default: the shape of ``T(s)``).
+    normalized_residual : callable, optional
+        ``s -> (d - s) / noise``-like residual, used by diagnostics.
+    """
+
+    def __init__(self, energy: Callable, transformation: Optional[Callable] = None, *, domain,
+                 metric: Optional[Callable] = None, left_sqrt_metric: Optional[Callable] = None,
+                 lsm_tangents_shape=None, normalized_residual: Optional[Callable] = None):
+        if not callable(energy):
+            raise TypeError(f"energy must be callable, got {type(energy).__name__}")
+        self.domain = normalize_domain(domain)
+        self._energy = energy
+        self._transformation = transformation
+        self._metric = metric
+        self._lsm = left_sqrt_metric
+        self._normalized_residual = normalized_residual
+        if lsm_tangents_shape is None and transformation is not None:
+            lsm_tangents_shape = jax.eval_shape(transformation, self.domain)
+        if lsm_tangents_shape is None and left_sqrt_metric is not None:
+            raise ValueError("lsm_tangents_shape is required with an explicit left_sqrt_metric "
+                             "and no transformation")
+        self.lsm_tangents_shape = lsm_tangents_shape
+
+    # -- core maps -------------------------------------------------------------------------
+    def energy(self, s):
+        """Negative log-likelihood at ``s`` (up to an ``s``-independent constant)."""
+        return self._energy(s)
+
+    def __call__(self, s):
+        return self._energy(s)
+
+    def transformation(self, s):
+        """``T(s)``: coordinates in which the Fisher metric is the identity."""
+        if self._transformation is None:
+            raise NotImplementedError("this likelihood has no transformation (needed for geoVI)")
+        return self._transformation(s)
+
+    def metric(self, s, t):
+        """Fisher metric ``F(s) t``."""
+        if self._metric is not None:
+            return self._metric(s, t)
+        _, jt = jax.jvp(self.transformation, (s,), (t,))
+        _, vjp = jax.vjp(self.transformation, s)
+        return tm.linear_adjoint(vjp)(jt)
+
+    def left_sqrt_metric(self, s, e):
+        """``L(s) e`` with ``L L^T = F(s)``; a standard normal ``e`` gives ``N(0, F)``."""
+        if self._lsm is not None:
+            return self._lsm(s, e)
+        _, vjp = jax.vjp(self.transformation, s)
+        return tm.linear_adjoint(vjp)(e)
+
+    def normalized_residual(self, s):
+        """Noise-weighted data residual at ``s``."""
+        if self._normalized_residual is None:
+            raise NotImplementedError("this likelihood defines no normalized_residual")
+        return self._normalized_residual(s)
+
+    @property
+    def has_normalized_residual(self) -> bool:
+        return self._normalized_residual is not None
+
+    @property
+    def has_transformation(self) -> bool:
+        return self._transformation is not None
+
+    # -- composition -----------------------------------------------------------------------
+    def amend(self, model) -> "Likelihood":
+        """This likelihood pulled back to the latent space of ``model``.
+
+        The metric becomes ``J^T F J`` and the left square root ``J^T L`` with
+        ``J = d model / d xi``, applied matrix-free.
+        """
+        if not isinstance(model, Model):
+            if callable(model):
+                raise TypeError("model must be a shardvi.Model (wrap the function: sv.Model(call, domain))")
+            raise TypeError(f"model must be a shardvi.Model, got {type(model).__name__}")
+        if _shape_tree(model.target) != _shape_tree(self.domain):
+            raise ValueError(
+                "model output does not match the likelihood's data: model.target is "
+                f"{_shape_tree(model.target)}, likelihood expects {_shape_tree(self.domain)}")
+        lh = self
+
+        def energy(xi):
+            return lh.energy(model(xi))
+
+        def metric(xi, t):
+            s, vjp = jax.vjp(model, xi)
+            _, jt = jax.jvp(model, (xi,), (t,))
+            return tm.linear_adjoint(vjp)(lh.metric(s, jt))
+
+        def lsm(xi, e):
+            s, vjp = jax.vjp(model, xi)
+            return tm.linear_adjoint(vjp)(lh.left_sqrt_metric(s, e))
+
+        trafo = (lambda xi: lh.transformation(model(xi))) if lh.has_transformation else None
+        nres = (lambda xi: lh.normalized_residual(model(xi))) if lh.has_normalized_residual else None
+        return Likelihood(energy, trafo, domain=model.domain, metric=metric, left_sqrt_metric=lsm,
+                          lsm_tangents_shape=self.lsm_tangents_shape, normalized_residual=nres)
+
+    def __add__(self, other: "Likelihood") -> "Likelihood":
+        """Sum of independent likelihoods (energies and metrics add).
+
+        Both must live on the same domain, or both on dicts whose entries agree
+        where their keys overlap; the sum lives on the union of the keys.
+        """
+        if not isinstance(other, Likelihood):
+            return NotImplemented
+        a, b = self, other
+        if _shape_tree(a.domain) == _shape_tree(b.domain):
+            domain = a.domain
+            pa = pb = (lambda x: x)
+            lift_a = lift_b = (lambda x, full=None: x)
+        elif isinstance(a.domain, dict) and isinstance(b.domain, dict):
+            for k in set(a.domain) & set(b.domain):
+                if _shape_tree(a.domain[k]) != _shape_tree(b.domain[k]):
+                    raise ValueError(f"likelihoods disagree on the shape of domain entry {k!r}")
+            domain = {**a.domain, **b.domain}
+            ka, kb = tuple(a.domain), tuple(b.domain)
+            pa = lambda x: {k: x[k] for k in ka}  # noqa: E731
+            pb = lambda x: {k: x[k] for k in kb}  # noqa: E731
+
+            def _lift(keys):
+                def lift(part, full):
+                    return {k: (part[k] if k in keys else jnp.zeros_like(full[k])) for k in full}
+                return lift
+            lift_a, lift_b = _lift(ka), _lift(kb)
+        else:
+            raise ValueError("cannot add likelihoods on different domains: "
+                             f"{_shape_tree(a.domain)} vs {_shape_tree(b.domain)}")
+
+        def energy(x):
+            return a.energy(pa(x)) + b.energy(pb(x))
+
+        def metric(x, t):
+            return tm.add(lift_a(a.metric(pa(x), pa(t)), t), lift_b(b.metric(pb(x), pb(t)), t))
+
+        def lsm(x, e):
+            return tm.add(lift_a(a.left_sqrt_metric(pa(x), e[0]), x), lift_b(b.left_sqrt_metric(pb(x), e[1]), x))
+
+        both_t = a.has_transformation and b.has_transformation
+        trafo = (lambda x: (a.transformation(pa(x)), b.transformation(pb(x)))) if both_t else None
+        both_r = a.has_normalized_residual and b.has_normalized_residual
+        nres = (lambda x: (a.normalized_residual(pa(x)), b.normalized_residual(pb(x)))) if both_r else None
+        return Likelihood(energy, trafo, domain=domain, metric=metric, left_sqrt_metric=lsm,
+                          lsm_tangents_shape=(a.lsm_tangents_shape, b.lsm_tangents_shape),
+                          normalized_residual=nres)

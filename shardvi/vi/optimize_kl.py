@@ -1,0 +1,390 @@
+"""The MGVI / geoVI driver: sample, minimize the sample-averaged KL, repeat."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, NamedTuple, Optional, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import tree_util as jtu
+
+from .. import tree_math as tm
+from ..minimizers.config import CGConfig, NewtonCGConfig, OptaxConfig
+from ..minimizers.newton_cg import newton_cg
+from ..minimizers.optax_adapter import optax_minimize
+from ..minimizers.status import Status, status_message
+from ..models.model import check_latent
+from ..parallel.strategy import get_strategy
+from . import checkpoint as ckpt
+from .diagnostics import IterationReport, pooled_chi2, residual_stats
+from .kl import kl_metric, kl_value_and_grad
+from .likelihood import Likelihood
+from .masks import parse_selection, project
+from .modes import SampleMode, parse_sample_mode
+from .samples import Samples
+from .sampling import draw_linear_residual, nonlinearly_update_residual
+
+__all__ = ["OptimizeVI", "OptimizeVIState", "optimize_kl"]
+
+logger = logging.getLogger("shardvi")
+
+DEFAULT_LINEAR_SAMPLING = CGConfig(tol=1e-6, maxiter=500)
+DEFAULT_NONLINEAR_UPDATE = NewtonCGConfig(xtol=1e-6, maxiter=20)
+DEFAULT_KL_MINIMIZATION = NewtonCGConfig(xtol=1e-6, maxiter=35)
+
+
+class OptimizeVIState(NamedTuple):
+    """State between global iterations (arrays and plain Python values only).
+
+    Attributes
+    ----------
+    nit : int
+        Completed global iterations.
+    key : jax.Array
+        Raw ``uint32`` RNG key for the next iteration.
+    history : tuple of IterationReport
+        One report per completed iteration.
+    """
+
+    nit: int
+    key: Any
+    history: tuple = ()
+
+
+def _raw_key(key, argname="key"):
+    if key is None:
+        raise TypeError(f"{argname} is required (e.g. jax.random.PRNGKey(0))")
+    key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    if key.dtype != jnp.uint32 or key.shape != (2,):
+        raise TypeError(f"{argname} must be a jax.random key (PRNGKey(seed) or jax.random.key(seed)), "
+                        f"got dtype {key.dtype} shape {key.shape}")
+    return key
+
+
+def _at_iteration(value, nit, argname):
+    """Evaluate per-iteration settings given as ``callable(iteration)``."""
+    if callable(value) and not isinstance(value, (CGConfig, NewtonCGConfig, OptaxConfig)):
+        try:
+            return value(nit)
+        except Exception as err:
+            raise ValueError(f"{argname}({nit}) raised {type(err).__name__}: {err}") from err
+    return value
+
+
+def _check_n_samples(n, nit, mode: SampleMode):
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"n_samples must be an int >= 0 (number of antithetic pairs), got {n!r} "
+                        f"at iteration {nit}")
+    if n < 0:
+        raise ValueError(f"n_samples must be >= 0, got {n} at iteration {nit}")
+    if n == 0 and mode.nonlinear:
+        raise ValueError(f"n_samples=0 (MAP) cannot be combined with sample_mode={mode.value!r} "
+                         f"at iteration {nit}; use a linear mode or n_samples >= 1")
+    return int(n)
+
+
+def _check_type(value, types, argname, nit):
+    if not isinstance(value, types):
+        names = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+        raise TypeError(f"{argname} must be a {names} (or a callable returning one), got "
+                        f"{type(value).__name__} at iteration {nit}")
+    return value
+
+
+def _interleave(r):
+    """``[r_0, -r_0, r_1, -r_1, ...]`` along the leading axis."""
+    return jtu.tree_map(lambda x: jnp.stack([x, -x], axis=1).reshape((-1,) + x.shape[1:]), r)
+
+
+class OptimizeVI:
+    """MGVI / geoVI optimizer with cached compiled steps.
+
+    Build once, then call :meth:`init_state` and :meth:`update` (one global
+    iteration) or :meth:`run`. All compiled functions are created here and
+    cached by JAX per input shape and (frozen, hashable) config, so iterations
+    with the same sample count, mode class and configs never recompile.
+
+    Parameters are those of :func:`optimize_kl` without position/key/checkpointing.
+    """
+
+    def __init__(self, likelihood: Likelihood, n_total_iterations: int, *,
+                 n_samples: Union[int, Callable[[int], int]],
+                 sample_mode: Union[str, Callable[[int], str]] = "nonlinear_resample",
+                 mirror_samples: bool = True, point_estimates=(), constants=(),
+                 linear_sampling=DEFAULT_LINEAR_SAMPLING, nonlinear_update=DEFAULT_NONLINEAR_UPDATE,
+                 kl_minimization=DEFAULT_KL_MINIMIZATION, sample_map="vmap", kl_map="vmap", devices=None):
+        if not isinstance(likelihood, Likelihood):
+            raise TypeError(f"likelihood must be a shardvi Likelihood, got {type(likelihood).__name__}")
+        if isinstance(n_total_iterations, bool) or not isinstance(n_total_iterations, (int, np.integer)) \
+                or n_total_iterations < 0:
+            raise ValueError(f"n_total_iterations must be an int >= 0, got {n_total_iterations!r}")
+        if not isinstance(mirror_samples, bool):
+            raise TypeError(f"mirror_samples must be a bool, got {type(mirror_samples).__name__}")
+        if not callable(sample_mode):
+            parse_sample_mode(sample_mode)
+        if not callable(n_samples):
+            _check_n_samples(n_samples, 0, SampleMode.LINEAR_SAMPLE)
+        for name, val, types in (("linear_sampling", linear_sampling, CGConfig),
+                                 ("nonlinear_update", nonlinear_update, NewtonCGConfig),
+                                 ("kl_minimization", kl_minimization, (NewtonCGConfig, OptaxConfig))):
+            if not callable(val) or isinstance(val, (CGConfig, NewtonCGConfig, OptaxConfig)):
+                _check_type(val, types, name, 0)
+        self.likelihood = likelihood
+        self.n_total_iterations = int(n_total_iterations)
+        self.n_samples = n_samples
+        self.sample_mode = sample_mode
+        self.mirror_samples = mirror_samples
+        self.linear_sampling = linear_sampling
+        self.nonlinear_update = nonlinear_update
+        self.kl_minimization = kl_minimization
+        domain = likelihood.domain
+        self._sample_mask = jtu.tree_map(lambda b: not b, parse_selection(point_estimates, domain,
+                                                                           "point_estimates"))
+        self._opt_mask = jtu.tree_map(lambda b: not b, parse_selection(constants, domain, "constants"))
+        self.sample_strategy = get_strategy(sample_map, "sample_map", devices)
+        self.kl_strategy = get_strategy(kl_map, "kl_map", devices)
+        self._build()
+
+    # -- compiled pieces -----------------------------------------------------------------------
+    def _build(self):
+        lh, smask, omask = self.likelihood, self._sample_mask, self._opt_mask
+        sstrat, kstrat = self.sample_strategy, self.kl_strategy
+
+        def draw_linear(pos, keys, config):
+            fn = lambda p, k: draw_linear_residual(lh, p, k, config, sample_mask=smask)  # noqa: E731
+            r, info = sstrat.map(fn, (None, 0))(pos, keys)
+            return r, info.nit
+
+        def curve(pos, residuals, keys, signs, config):
+            fn = lambda p, r, k, s: nonlinearly_update_residual(  # noqa: E731
+                lh, p, r, k, s, config, sample_mask=smask)
+            r, info = sstrat.map(fn, (None, 0, 0, 0))(pos, residuals, keys, signs)
+            return r, info.nit
+
+        def minimize(pos, residuals, config):
+            def fun_and_grad(x):
+                v, g = kl_value_and_grad(lh, x, residuals, kstrat)
+                return v, project(omask, g)
+
+            def hessp(x, t):
+                return project(omask, kl_metric(lh, x, residuals, project(omask, t), kstrat))
+
+            if isinstance(config, OptaxConfig):
+                return optax_minimize(fun_and_grad, pos, config)
+            return newton_cg(fun_and_grad, hessp, pos, config)
+
+        def diagnostics(pos, residuals):
+            smp = Samples(pos, residuals)
+            return residual_stats_arrays(lh, smp)
+
+        self._draw_linear = jax.jit(draw_linear, static_argnames="config")
+        self._curve = jax.jit(curve, static_argnames="config")
+        self._minimize = jax.jit(minimize, static_argnames="config")
+        self._interleave = jax.jit(_interleave)
+        self._diagnostics = jax.jit(diagnostics)
+
+    # -- state -------------------------------------------------------------------------------
+    def init_state(self, key, nit: int = 0) -> OptimizeVIState:
+        """Fresh state holding the RNG ``key``."""
+        return OptimizeVIState(nit=int(nit), key=_raw_key(key), history=())
+
+    def _settings(self, nit):
+        mode = parse_sample_mode(_at_iteration(self.sample_mode, nit, "sample_mode"))
+        n = _check_n_samples(_at_iteration(self.n_samples, nit, "n_samples"), nit, mode)
+        lin = _check_type(_at_iteration(self.linear_sampling, nit, "linear_sampling"), CGConfig,
+                          "linear_sampling", nit)
+        nonlin = _check_type(_at_iteration(self.nonlinear_update, nit, "nonlinear_update"), NewtonCGConfig,
+                             "nonlinear_update", nit)
+        klc = _check_type(_at_iteration(self.kl_minimization, nit, "kl_minimization"),
+                          (NewtonCGConfig, OptaxConfig), "kl_minimization", nit)
+        return mode, n, lin, nonlin, klc
+
+    def draw_samples(self, samples: Samples, key, mode: SampleMode, n: int, lin: CGConfig,
+                     nonlin: NewtonCGConfig):
+        """Residuals around ``samples.pos`` for one iteration; returns (Samples, cg_nit, newton_nit)."""
+        pos = samples.pos
+        if n == 0:
+            empty = jtu.tree_map(lambda p: jnp.zeros((0,) + p.shape, p.dtype), pos)
+            return Samples(pos, empty, None), [], []
+        have_prev = samples.keys is not None and len(samples) > 0
+        n_prev = 0 if not have_prev else samples.keys.shape[0]
+        if mode.update and have_prev and n_prev == n:
+            keys = samples.keys
+            signs = self._signs(n)
+            r, nl_nit = self._curve(pos, samples.residuals, self._expand(keys), signs, config=nonlin)
+            return Samples(pos, r, keys), [], np.asarray(nl_nit).tolist()
+        if mode.update:
+            logger.info("nonlinear_update without previous samples of the same count: drawing fresh ones")
+        reuse = (not mode.fresh_keys) and (not mode.update) and have_prev and n_prev == n
+        keys = samples.keys if reuse else jax.random.split(key, n)
+        r, cg_nit = self._draw_linear(pos, keys, config=lin)
+        if self.mirror_samples:
+            r = self._interleave(r)
+        nl_nit = []
+        if mode.nonlinear:
+            r, nl = self._curve(pos, r, self._expand(keys), self._signs(n), config=nonlin)
+            nl_nit = np.asarray(nl).tolist()
+        return Samples(pos, r, keys), np.asarray(cg_nit).tolist(), nl_nit
+
+    def _expand(self, keys):
+        return jnp.repeat(keys, 2, axis=0) if self.mirror_samples else keys
+
+    def _signs(self, n):
+        if self.mirror_samples:
+            return jnp.tile(jnp.asarray([1.0, -1.0]), n)
+        return jnp.ones((n,))
+
+    def update(self, samples: Samples, state: OptimizeVIState) -> tuple[Samples, OptimizeVIState]:
+        """One global iteration: draw/update samples, then minimize the KL."""
+        t0 = time.perf_counter()
+        nit = state.nit
+        mode, n, lin, nonlin, klc = self._settings(nit)
+        key, k_samples = jax.random.split(state.key)
+        samples, cg_nit, nl_nit = self.draw_samples(samples, k_samples, mode, n, lin, nonlin)
+        _raise_nonfinite(samples.residuals, nit, "sampling")
+        res = self._minimize(samples.pos, samples.residuals, config=klc)
+        if int(res.status) == Status.NONFINITE or not bool(tm.all_finite(res.x)):
+            raise FloatingPointError(
+                f"KL minimization produced non-finite values at iteration {nit} "
+                f"(status: {status_message(res.status)}); the last good samples are unchanged")
+        samples = samples.at(res.x)
+        stats = self._diagnostics(samples.pos, samples.residuals)
+        chi2_lh = _pool(stats[0]) if stats[0] is not None else None
+        report = IterationReport(
+            iteration=nit + 1, sample_mode=mode.value, n_samples=n, kl_energy=float(res.fun),
+            sampling_nit=cg_nit, nonlinear_nit=nl_nit, kl_nit=int(res.nit), kl_cg_nit=int(res.ncg),
+            kl_status=int(res.status), chi2_likelihood=chi2_lh, chi2_prior=_pool(stats[1]),
+            wall_time=time.perf_counter() - t0)
+        logger.info(_format_report(report, self.n_total_iterations))
+        return samples, OptimizeVIState(nit=nit + 1, key=key, history=state.history + (report,))
+
+    def run(self, samples: Samples, state: OptimizeVIState, *, checkpoint_dir=None, callback=None):
+        """Iterate :meth:`update` until ``n_total_iterations``, checkpointing after each."""
+        while state.nit < self.n_total_iterations:
+            samples, state = self.update(samples, state)
+            if checkpoint_dir is not None:
+                ckpt.save_checkpoint(checkpoint_dir, samples, state)
+            if callback is not None:
+                callback(samples, state)
+        return samples, state
+
+
+def residual_stats_arrays(lh, samples: Samples):
+    """Jittable (sum |r|^2, dof) per section, used for the iteration log line."""
+    stacked = samples.samples
+
+    def pooled(tree):
+        leaves = jtu.tree_leaves(tree)
+        tot = sum(jnp.sum(jnp.abs(x) ** 2) / (2.0 if jnp.iscomplexobj(x) else 1.0) for x in leaves)
+        dof = sum(int(np.prod(x.shape)) for x in leaves)
+        return tot, dof
+
+    lh_part = pooled(jax.vmap(lh.normalized_residual)(stacked)) if lh.has_normalized_residual else None
+    return lh_part, pooled(stacked)
+
+
+def _pool(part):
+    tot, dof = part
+    return float(tot) / dof
+
+
+def _raise_nonfinite(tree, nit, stage):
+    if not bool(tm.all_finite(tree)):
+        raise FloatingPointError(f"{stage} produced non-finite residuals at iteration {nit}; "
+                                 "the last good samples are unchanged")
+
+
+def _fmt_nit(v):
+    if not v:
+        return "-"
+    a = np.asarray(v)
+    return f"{int(np.median(a))}/{int(a.max())}"
+
+
+def _format_report(r: IterationReport, total: int) -> str:
+    lh = f"{r.chi2_likelihood:.3f}" if r.chi2_likelihood is not None else "-"
+    return (f"iteration {r.iteration}/{total} [{r.sample_mode}, {r.n_samples} pairs] "
+            f"KL {r.kl_energy:.6e} | sampling CG med/max {_fmt_nit(r.sampling_nit)} | "
+            f"geoVI Newton med/max {_fmt_nit(r.nonlinear_nit)} | KL Newton {r.kl_nit} (CG {r.kl_cg_nit}, "
+            f"{status_message(r.kl_status)}) | red.chi2 lh {lh} prior {r.chi2_prior:.3f} | {r.wall_time:.2f} s")
+
+
+def optimize_kl(likelihood: Likelihood, position, *, key, n_total_iterations: int, n_samples,
+                sample_mode="nonlinear_resample", mirror_samples: bool = True, point_estimates=(),
+                constants=(), linear_sampling=DEFAULT_LINEAR_SAMPLING,
+                nonlinear_update=DEFAULT_NONLINEAR_UPDATE, kl_minimization=DEFAULT_KL_MINIMIZATION,
+                sample_map="vmap", kl_map="vmap", devices=None, checkpoint_dir: Optional[str] = None,
+                resume: bool = False, callback: Optional[Callable] = None) -> tuple[Samples, OptimizeVIState]:
+    """Approximate the posterior with MGVI / geoVI.
+
+    Parameters
+    ----------
+    likelihood : Likelihood
+        On the latent space (``lh.amend(model)``); latent prior ``N(0, I)``.
+    position : pytree or Samples
+        Initial latent position (or samples of an earlier run to continue from).
+    key : jax key
+        RNG key; sample keys are split from it on the host, one per pair.
+    n_total_iterations : int
+        Global iterations (sampling + KL minimization).
+    n_samples : int or callable(iteration) -> int
+        Number of antithetic *pairs* (with ``mirror_samples``); 0 means MAP.
+    sample_mode : str or callable(iteration) -> str
+        One of ``linear_sample``, ``linear_resample``, ``nonlinear_sample``,
+        ``nonlinear_resample``, ``nonlinear_update`` (see :class:`SampleMode`).
+    mirror_samples : bool
+        Use antithetic pairs ``+r, -r``.
+    point_estimates, constants : sequence of dict keys or pytree of bools
+        Latent entries that are not sampled / not optimized.
+    linear_sampling : CGConfig or callable
+        CG for the MGVI solve ``M r = y``.
+    nonlinear_update : NewtonCGConfig or callable
+        Newton-CG of the geoVI update.
+    kl_minimization : NewtonCGConfig, OptaxConfig or callable
+        Minimizer of the sample-averaged KL.
+    sample_map, kl_map : str or strategy
+        How samples are mapped (``"vmap"``, ``"lax_map"``, multi-device
+        strategies, or a :mod:`shardvi.parallel` strategy object).
+    devices : sequence of jax.Device, optional
+        For multi-device strategies (default: all devices).
+    checkpoint_dir : str, optional
+        Write an array-only checkpoint after every iteration.
+    resume : bool
+        Continue from the checkpoint in ``checkpoint_dir`` if there is one.
+    callback : callable(samples, state), optional
+        Called after every iteration.
+
+    Returns
+    -------
+    (Samples, OptimizeVIState)
+    """
+    opt = OptimizeVI(likelihood, n_total_iterations, n_samples=n_samples, sample_mode=sample_mode,
+                     mirror_samples=mirror_samples, point_estimates=point_estimates, constants=constants,
+                     linear_sampling=linear_sampling, nonlinear_update=nonlinear_update,
+                     kl_minimization=kl_minimization, sample_map=sample_map, kl_map=kl_map, devices=devices)
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable(samples, state), got {type(callback).__name__}")
+    if not isinstance(resume, bool):
+        raise TypeError(f"resume must be a bool, got {type(resume).__name__}")
+    if resume and checkpoint_dir is None:
+        raise ValueError("resume=True needs checkpoint_dir")
+    if checkpoint_dir is not None and not isinstance(checkpoint_dir, (str, bytes)) \
+            and not hasattr(checkpoint_dir, "__fspath__"):
+        raise TypeError(f"checkpoint_dir must be a path, got {type(checkpoint_dir).__name__}")
+    samples = position if isinstance(position, Samples) else None
+    pos = samples.pos if samples is not None else position
+    check_latent(pos, likelihood.domain, "position")
+    pos = jtu.tree_map(lambda x, d: jnp.asarray(x, d.dtype), pos, likelihood.domain)
+    if samples is None:
+        samples = Samples(pos, jtu.tree_map(lambda p: jnp.zeros((0,) + p.shape, p.dtype), pos), None)
+    state = opt.init_state(key)
+    if resume and ckpt.has_checkpoint(checkpoint_dir):
+        samples, state = ckpt.load_checkpoint(checkpoint_dir, pos)
+        logger.info("resuming from %s at iteration %d", checkpoint_dir, state.nit)
+    return opt.run(samples, state, checkpoint_dir=checkpoint_dir, callback=callback)
+
+
