@@ -205,20 +205,26 @@ class OptimizeVI:
 
     def draw_samples(self, samples: Samples, key, mode: SampleMode, n: int, lin: CGConfig,
                      nonlin: NewtonCGConfig):
-        """Residuals around ``samples.pos`` for one iteration; returns (Samples, cg_nit, newton_nit)."""
+        """Residuals around ``samples.pos`` for one iteration.
+
+        Returns ``(Samples, cg_nit, newton_nit, mode)`` where ``mode`` is the
+        mode actually used (``nonlinear_update`` without previous samples of
+        the same count draws fresh ones: ``nonlinear_resample``).
+        """
         pos = samples.pos
         if n == 0:
             empty = jtu.tree_map(lambda p: jnp.zeros((0,) + p.shape, p.dtype), pos)
-            return Samples(pos, empty, None), [], []
+            return Samples(pos, empty, None), [], [], mode
         have_prev = samples.keys is not None and len(samples) > 0
         n_prev = 0 if not have_prev else samples.keys.shape[0]
         if mode.update and have_prev and n_prev == n:
             keys = samples.keys
             signs = self._signs(n)
             r, nl_nit = self._curve(pos, samples.residuals, self._expand(keys), signs, config=nonlin)
-            return Samples(pos, r, keys), [], np.asarray(nl_nit).tolist()
+            return Samples(pos, r, keys), [], np.asarray(nl_nit).tolist(), mode
         if mode.update:
             logger.info("nonlinear_update without previous samples of the same count: drawing fresh ones")
+            mode = SampleMode.NONLINEAR_RESAMPLE
         reuse = (not mode.fresh_keys) and (not mode.update) and have_prev and n_prev == n
         keys = samples.keys if reuse else jax.random.split(key, n)
         r, cg_nit = self._draw_linear(pos, keys, config=lin)
@@ -228,7 +234,7 @@ class OptimizeVI:
         if mode.nonlinear:
             r, nl = self._curve(pos, r, self._expand(keys), self._signs(n), config=nonlin)
             nl_nit = np.asarray(nl).tolist()
-        return Samples(pos, r, keys), np.asarray(cg_nit).tolist(), nl_nit
+        return Samples(pos, r, keys), np.asarray(cg_nit).tolist(), nl_nit, mode
 
     def _expand(self, keys):
         return jnp.repeat(keys, 2, axis=0) if self.mirror_samples else keys
@@ -244,7 +250,7 @@ class OptimizeVI:
         nit = state.nit
         mode, n, lin, nonlin, klc = self._settings(nit)
         key, k_samples = jax.random.split(state.key)
-        samples, cg_nit, nl_nit = self.draw_samples(samples, k_samples, mode, n, lin, nonlin)
+        samples, cg_nit, nl_nit, mode = self.draw_samples(samples, k_samples, mode, n, lin, nonlin)
         _raise_nonfinite(samples.residuals, nit, "sampling")
         res = self._minimize(samples.pos, samples.residuals, config=klc)
         if int(res.status) == Status.NONFINITE or not bool(tm.all_finite(res.x)):
@@ -289,7 +295,7 @@ def residual_stats_arrays(lh, samples: Samples):
 
 def _pool(part):
     tot, dof = part
-    return float(tot) / dof
+    return float(tot) / int(dof)
 
 
 def _raise_nonfinite(tree, nit, stage):
