@@ -8,7 +8,7 @@ from . import minimizers, models, parallel, tree_math, vi
 from .minimizers import CGConfig, NewtonCGConfig, OptaxConfig
 from .models import Model
 from .vi import (
-    CheckpointError, Gaussian, IterationReport, Likelihood, OptimizeVI, OptimizeVIState, Poisson,
+    CheckpointError, Gaussian, IterationReport, Likelihood, NonFiniteError, OptimizeVI, OptimizeVIState, Poisson,
     SampleMode, Samples, StudentT, VariableCovarianceGaussian, draw_linear_residual, load_checkpoint,
     minisanity, nonlinearly_update_residual, optimize_kl, residual_stats, save_checkpoint,
 )
@@ -16,7 +16,7 @@ from .vi import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "CGConfig", "CheckpointError", "Gaussian", "IterationReport", "Likelihood", "Model", "NewtonCGConfig",
+    "CGConfig", "CheckpointError", "Gaussian", "IterationReport", "Likelihood", "Model", "NonFiniteError", "NewtonCGConfig",
     "OptaxConfig", "OptimizeVI", "OptimizeVIState", "Poisson", "SampleMode", "Samples", "StudentT",
     "VariableCovarianceGaussian", "draw_linear_residual", "load_checkpoint", "minimizers", "minisanity",
     "models", "nonlinearly_update_residual", "optimize_kl", "parallel", "residual_stats", "save_checkpoint",

@@ -104,8 +104,9 @@ def cg_solve(matvec: Callable, b, x0=None, *, tol=1e-6, resnorm=None, absdelta=N
         nit = s.nit + 1
         done = (nit >= miniter) & (small(gamma) | (jnp.abs(energy - s.energy) <= absdelta))
         status = jnp.select(
-            [~ok, ~jnp.isfinite(gamma) | ~jnp.isfinite(energy), done, nit >= maxiter],
-            [Status.NONPOSITIVE_CURVATURE, Status.NONFINITE, Status.CONVERGED, Status.MAX_ITERATIONS],
+            [~jnp.isfinite(curv), ~ok, ~jnp.isfinite(gamma) | ~jnp.isfinite(energy), done, nit >= maxiter],
+            [Status.NONFINITE, Status.NONPOSITIVE_CURVATURE, Status.NONFINITE, Status.CONVERGED,
+             Status.MAX_ITERATIONS],
             Status.RUNNING,
         ).astype(jnp.int32)
         # on non-positive curvature keep the previous iterate

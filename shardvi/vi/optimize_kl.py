@@ -26,7 +26,7 @@ from .modes import SampleMode, parse_sample_mode
 from .samples import Samples
 from .sampling import draw_linear_residual, nonlinearly_update_residual
 
-__all__ = ["OptimizeVI", "OptimizeVIState", "optimize_kl"]
+__all__ = ["NonFiniteError", "OptimizeVI", "OptimizeVIState", "optimize_kl"]
 
 logger = logging.getLogger("shardvi")
 
@@ -157,13 +157,13 @@ class OptimizeVI:
         def draw_linear(pos, keys, config):
             fn = lambda p, k: draw_linear_residual(lh, p, k, config, sample_mask=smask)  # noqa: E731
             r, info = sstrat.map(fn, (None, 0))(pos, keys)
-            return r, info.nit
+            return r, info.nit, info.status
 
         def curve(pos, residuals, keys, signs, config):
             fn = lambda p, r, k, s: nonlinearly_update_residual(  # noqa: E731
                 lh, p, r, k, s, config, sample_mask=smask)
             r, info = sstrat.map(fn, (None, 0, 0, 0))(pos, residuals, keys, signs)
-            return r, info.nit
+            return r, info.nit, info.status
 
         def minimize(pos, residuals, config):
             def fun_and_grad(x):
@@ -204,7 +204,7 @@ class OptimizeVI:
         return mode, n, lin, nonlin, klc
 
     def draw_samples(self, samples: Samples, key, mode: SampleMode, n: int, lin: CGConfig,
-                     nonlin: NewtonCGConfig):
+                     nonlin: NewtonCGConfig, iteration: int = 0):
         """Residuals around ``samples.pos`` for one iteration.
 
         Returns ``(Samples, cg_nit, newton_nit, mode)`` where ``mode`` is the
@@ -220,19 +220,22 @@ class OptimizeVI:
         if mode.update and have_prev and n_prev == n:
             keys = samples.keys
             signs = self._signs(n)
-            r, nl_nit = self._curve(pos, samples.residuals, self._expand(keys), signs, config=nonlin)
+            r, nl_nit, st = self._curve(pos, samples.residuals, self._expand(keys), signs, config=nonlin)
+            _raise_nonfinite(r, st, iteration, "sampling (geoVI update)")
             return Samples(pos, r, keys), [], np.asarray(nl_nit).tolist(), mode
         if mode.update:
             logger.info("nonlinear_update without previous samples of the same count: drawing fresh ones")
             mode = SampleMode.NONLINEAR_RESAMPLE
         reuse = (not mode.fresh_keys) and (not mode.update) and have_prev and n_prev == n
         keys = samples.keys if reuse else jax.random.split(key, n)
-        r, cg_nit = self._draw_linear(pos, keys, config=lin)
+        r, cg_nit, st = self._draw_linear(pos, keys, config=lin)
+        _raise_nonfinite(r, st, iteration, "sampling (MGVI linear CG)")
         if self.mirror_samples:
             r = self._interleave(r)
         nl_nit = []
         if mode.nonlinear:
-            r, nl = self._curve(pos, r, self._expand(keys), self._signs(n), config=nonlin)
+            r, nl, st = self._curve(pos, r, self._expand(keys), self._signs(n), config=nonlin)
+            _raise_nonfinite(r, st, iteration, "sampling (geoVI update)")
             nl_nit = np.asarray(nl).tolist()
         return Samples(pos, r, keys), np.asarray(cg_nit).tolist(), nl_nit, mode
 
@@ -250,13 +253,12 @@ class OptimizeVI:
         nit = state.nit
         mode, n, lin, nonlin, klc = self._settings(nit)
         key, k_samples = jax.random.split(state.key)
-        samples, cg_nit, nl_nit, mode = self.draw_samples(samples, k_samples, mode, n, lin, nonlin)
-        _raise_nonfinite(samples.residuals, nit, "sampling")
+        samples, cg_nit, nl_nit, mode = self.draw_samples(samples, k_samples, mode, n, lin, nonlin, nit)
         res = self._minimize(samples.pos, samples.residuals, config=klc)
-        if int(res.status) == Status.NONFINITE or not bool(tm.all_finite(res.x)):
-            raise FloatingPointError(
-                f"KL minimization produced non-finite values at iteration {nit} "
-                f"(status: {status_message(res.status)}); the last good samples are unchanged")
+        if int(res.status) == Status.NONFINITE or not bool(tm.all_finite(res.x)) \
+                or not bool(jnp.isfinite(res.fun)):
+            raise NonFiniteError(nit, "KL minimization", f"the KL energy or its gradient is nan/inf "
+                                 f"(status: {status_message(res.status)})")
         samples = samples.at(res.x)
         stats = self._diagnostics(samples.pos, samples.residuals)
         chi2_lh = _pool(stats[0]) if stats[0] is not None else None
@@ -298,10 +300,30 @@ def _pool(part):
     return float(tot) / int(dof)
 
 
-def _raise_nonfinite(tree, nit, stage):
-    if not bool(tm.all_finite(tree)):
-        raise FloatingPointError(f"{stage} produced non-finite residuals at iteration {nit}; "
-                                 "the last good samples are unchanged")
+class NonFiniteError(FloatingPointError):
+    """NaN/inf during a global iteration; the last good state is untouched.
+
+    Attributes
+    ----------
+    iteration : int
+        Index of the failing global iteration (0-based; ``state.nit`` before it).
+    stage : str
+        ``"sampling (MGVI linear CG)"``, ``"sampling (geoVI update)"`` or
+        ``"KL minimization"``.
+    """
+
+    def __init__(self, iteration: int, stage: str, detail: str):
+        self.iteration, self.stage = iteration, stage
+        super().__init__(f"non-finite values in {stage} at iteration {iteration}: {detail}. The samples and "
+                         f"state of iteration {iteration} (and its checkpoint, if any) are unchanged.")
+
+
+def _raise_nonfinite(tree, status, nit, stage):
+    bad = np.asarray(status) == Status.NONFINITE
+    if bad.any() or not bool(tm.all_finite(tree)):
+        which = np.nonzero(bad)[0].tolist()
+        raise NonFiniteError(nit, stage, f"the solver met nan/inf (sample solves {which})" if which
+                             else "a residual is nan/inf")
 
 
 def _fmt_nit(v):
