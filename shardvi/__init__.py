@@ -6,7 +6,10 @@
 """
 from . import minimizers, models, parallel, tree_math, vi
 from .minimizers import CGConfig, NewtonCGConfig, OptaxConfig
-from .models import Model
+from .models import (
+    CorrelatedField, CorrelatedFieldMaker, InvGamma, Laplace, LogNormal, Mask, Model, NUFFTResponse, Normal, Prior,
+    Sampling, Uniform, prior_model,
+)
 from .vi import (
     CheckpointError, Gaussian, IterationReport, Likelihood, NonFiniteError, OptimizeVI, OptimizeVIState, Poisson,
     SampleMode, Samples, StudentT, VariableCovarianceGaussian, draw_linear_residual, load_checkpoint,
@@ -22,3 +25,5 @@ __all__ = [
     "models", "nonlinearly_update_residual", "optimize_kl", "parallel", "residual_stats", "save_checkpoint",
     "tree_math", "vi",
 ]
+__all__ += ["CorrelatedField", "CorrelatedFieldMaker", "InvGamma", "Laplace", "LogNormal", "Mask", "NUFFTResponse",
+            "Normal", "Prior", "Sampling", "Uniform", "prior_model"]

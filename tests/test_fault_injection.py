@@ -1,4 +1,5 @@
 """SIGKILL a checkpointing run at random moments; resuming must give the uninterrupted result bitwise."""
+import json
 import os
 import random
 import signal
@@ -14,6 +15,7 @@ import shardvi as sv
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "_fault_worker.py")
 TRIALS = 10
+N_ITER = 8  # as in _fault_worker.py
 
 
 def start(ckpt, out, cache):
@@ -30,6 +32,15 @@ def finish(proc, timeout=300):
 def load(path):
     with np.load(path, allow_pickle=False) as z:
         return {k: z[k] for k in z.files}
+
+
+def latest_nit(ckpt):
+    """The iteration number ``latest.json`` names, ``None`` while it does not exist (or is mid-replace)."""
+    try:
+        with open(os.path.join(ckpt, "latest.json")) as f:
+            return json.load(f)["nit"]
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def check_dir_consistent(ckpt):
@@ -65,10 +76,21 @@ def test_sigkill_resume_bitwise(tmp_path):
     for trial in range(TRIALS):
         ckpt = str(tmp_path / f"ck{trial}")
         out = str(tmp_path / f"out{trial}.npz")
-        # kill between 1 and 3 times at random moments, checking the directory after each kill
+        # kill between 1 and 3 times, each at a randomly chosen stage: during start-up / the first iteration
+        # (before a checkpoint exists) or a random moment after checkpoint `target` was written
         for _ in range(rnd.randint(1, 3)):
+            current = latest_nit(ckpt) or 0
+            if current >= N_ITER - 1:
+                break
+            target = rnd.randint(current, N_ITER - 1)
             proc = start(ckpt, out, cache)
-            time.sleep(rnd.uniform(0.2, run_time))
+            if target == current:
+                time.sleep(rnd.uniform(0.05, run_time / 2))
+            else:
+                deadline = time.monotonic() + 300
+                while proc.poll() is None and (latest_nit(ckpt) or 0) < target and time.monotonic() < deadline:
+                    time.sleep(0.002)
+                time.sleep(rnd.uniform(0.0, 0.05))
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait(timeout=30)

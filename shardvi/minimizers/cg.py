@@ -81,9 +81,10 @@ def cg_solve(matvec: Callable, b, x0=None, *, tol=1e-6, resnorm=None, absdelta=N
         rn = jnp.sqrt(gamma_)
         return (rn <= tol * bnorm) | (rn <= resnorm) | (gamma_ == 0)
 
+    # an exactly zero residual is the exact solution: nothing left to iterate, whatever miniter says
     status0 = jnp.where(
         ~jnp.isfinite(gamma), Status.NONFINITE,
-        jnp.where((miniter == 0) & small(gamma), Status.CONVERGED, Status.RUNNING),
+        jnp.where(((miniter == 0) & small(gamma)) | (gamma == 0), Status.CONVERGED, Status.RUNNING),
     ).astype(jnp.int32)
     state = _State(x, r, r, gamma, energy, jnp.zeros((), jnp.int32), status0)
 
@@ -102,7 +103,9 @@ def cg_solve(matvec: Callable, b, x0=None, *, tol=1e-6, resnorm=None, absdelta=N
         beta = gamma / jnp.where(s.gamma == 0, 1, s.gamma)
         d = tm.axpy(beta, s.d, r)
         nit = s.nit + 1
-        done = (nit >= miniter) & (small(gamma) | (jnp.abs(energy - s.energy) <= absdelta))
+        # gamma == 0 means an exact solve: the next direction would be zero (curvature 0), so stop
+        # even before miniter instead of reporting non-positive curvature
+        done = ((nit >= miniter) & (small(gamma) | (jnp.abs(energy - s.energy) <= absdelta))) | (gamma == 0)
         status = jnp.select(
             [~jnp.isfinite(curv), ~ok, ~jnp.isfinite(gamma) | ~jnp.isfinite(energy), done, nit >= maxiter],
             [Status.NONFINITE, Status.NONPOSITIVE_CURVATURE, Status.NONFINITE, Status.CONVERGED,

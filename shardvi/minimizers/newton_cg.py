@@ -97,6 +97,7 @@ def newton_cg(fun_and_grad: Callable, hessp: Callable, x0, config: NewtonCGConfi
     f0, g0 = fun_and_grad(x0)
     real = jnp.result_type(f0)
     off = jnp.asarray(-1.0, real)
+    half = jnp.asarray(0.5, real)  # a python 0.5**k would promote float32 iterates to float64 under x64
     absdelta = off if config.absdelta is None else jnp.asarray(config.absdelta, real)
     xtol = off if config.xtol is None else jnp.asarray(config.xtol, real)
     gtol = off if config.gtol is None else jnp.asarray(config.gtol, real)
@@ -130,21 +131,21 @@ def newton_cg(fun_and_grad: Callable, hessp: Callable, x0, config: NewtonCGConfi
         # backtracking line search on the Armijo condition
         def ls_cond(c):
             k, _, f_new, _ = c
-            bad = ~jnp.isfinite(f_new) | (f_new > s.f + _ARMIJO_C1 * 0.5**k * slope)
+            bad = ~jnp.isfinite(f_new) | (f_new > s.f + _ARMIJO_C1 * half**k * slope)
             return bad & (k < config.max_line_search_steps)
 
         def ls_body(c):
             k = c[0] + 1
-            x_new = tm.axpy(0.5**k, p, s.x)
+            x_new = tm.axpy(half**k, p, s.x)
             f_new, g_new = fun_and_grad(x_new)
             return k, x_new, f_new, g_new
 
         x1 = tm.add(s.x, p)
         f1, g1 = fun_and_grad(x1)
         k, x_new, f_new, g_new = jax.lax.while_loop(ls_cond, ls_body, (jnp.zeros((), jnp.int32), x1, f1, g1))
-        ls_ok = jnp.isfinite(f_new) & (f_new <= s.f + _ARMIJO_C1 * 0.5**k * slope)
+        ls_ok = jnp.isfinite(f_new) & (f_new <= s.f + _ARMIJO_C1 * half**k * slope)
         finite = ls_ok & tm.all_finite(g_new)
-        step = tm.scale(0.5**k, p)
+        step = tm.scale(half**k, p)
         decrease = s.f - f_new
         nit = s.nit + 1
         step_l1 = sum(jnp.sum(jnp.abs(leaf)) for leaf in jax.tree_util.tree_leaves(step))
@@ -158,7 +159,7 @@ def newton_cg(fun_and_grad: Callable, hessp: Callable, x0, config: NewtonCGConfi
         # a failed line search keeps the last good point
         keep = jax.tree_util.tree_map(lambda a, o: jnp.where(finite, a, o), new,
                                       s._replace(nit=nit, ncg=new.ncg, nfev=new.nfev, status=status))
-        log_iteration(config.name, nit=nit, energy=keep.f, decrease=decrease, cg_nit=res.nit, step=0.5**k)
+        log_iteration(config.name, nit=nit, energy=keep.f, decrease=decrease, cg_nit=res.nit, step=half**k)
         return keep
 
     s = jax.lax.while_loop(cond, body, state)

@@ -1,6 +1,32 @@
-"""Mapping samples over devices."""
-from .strategy import (STRATEGY_NAMES, LaxMap, Strategy, Vmap, fixed_order_mean, get_strategy,
-                       register_strategy)
+"""Mapping samples over devices.
 
-__all__ = ["STRATEGY_NAMES", "LaxMap", "Strategy", "Vmap", "fixed_order_mean", "get_strategy",
-           "register_strategy"]
+Strategies (all usable as ``sample_map`` and ``kl_map`` of
+:func:`shardvi.optimize_kl`, by name or as objects):
+
+- :class:`Vmap` (``"vmap"``), :class:`LaxMap` (``"lax_map"``): one device.
+- :class:`Pmap` (``"pmap"``), :class:`ShardMap` (``"shard_map"``),
+  :class:`JitSharding` (``"jit"``, GSPMD in/out shardings): many devices.
+
+In the default reproducible mode every strategy gives bitwise identical
+results for any device count (see :mod:`shardvi.parallel.strategy` and
+:mod:`shardvi.parallel.reproducible`). Also: :func:`collectives` (count
+all-reduce / all-gather ops in compiled HLO) and
+:func:`initialize_distributed` (multi-process runs).
+"""
+from .collectives import CollectiveCounts, collectives, count_collectives
+from .distributed import initialize_distributed, is_distributed, shutdown_distributed
+from .jit_sharding import JitSharding
+from .mesh import SAMPLE_AXIS, check_devices, replicated, sample_mesh, sharded
+from .pmap import Pmap
+from .reproducible import REPRODUCIBLE_COMPILER_OPTIONS, opaque_constants, reproducible_jit
+from .shard_map import ShardMap
+from .strategy import (REDUCE_MODES, STRATEGY_NAMES, LaxMap, Placed, Strategy, Vmap, chunked_apply,
+                       fixed_order_mean, get_strategy, map_mean, place, register_strategy)
+
+__all__ = [
+    "CollectiveCounts", "JitSharding", "LaxMap", "Placed", "Pmap", "REDUCE_MODES", "REPRODUCIBLE_COMPILER_OPTIONS",
+    "SAMPLE_AXIS", "STRATEGY_NAMES", "ShardMap", "Strategy", "Vmap", "check_devices", "chunked_apply", "collectives",
+    "count_collectives", "fixed_order_mean", "get_strategy", "initialize_distributed", "is_distributed",
+    "map_mean", "opaque_constants", "place", "register_strategy", "replicated", "reproducible_jit", "sample_mesh",
+    "sharded", "shutdown_distributed",
+]

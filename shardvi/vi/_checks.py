@@ -34,7 +34,7 @@ def finite_data(data, argname: str = "data"):
 def positive_like(value, data, argname: str):
     """Broadcast a scalar/array/pytree of strictly positive finite numbers to ``data``'s leaves."""
     d_leaves, treedef = jtu.tree_flatten(data)
-    if jtu.tree_structure(value) == treedef and treedef.num_leaves > 1:
+    if jtu.tree_structure(value) == treedef:  # per-leaf values (also for single-leaf pytrees)
         v_leaves = jtu.tree_leaves(value)
     else:
         v_leaves = [value] * len(d_leaves)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import jax
 
 from .. import tree_math as tm
+from ..parallel.strategy import map_mean
 from .likelihood import Likelihood
 
 __all__ = ["hamiltonian", "hamiltonian_metric", "kl_value_and_grad", "kl_metric"]
@@ -28,17 +29,15 @@ def kl_value_and_grad(lh: Likelihood, pos, residuals, strategy):
     vg = jax.value_and_grad(lambda xi: hamiltonian(lh, xi))
     if _n(residuals) == 0:
         return vg(pos)
-    per_sample = strategy.map(lambda p, r: vg(tm.add(p, r)), in_axes=(None, 0))(pos, residuals)
-    return strategy.mean(per_sample)
+    return map_mean(strategy, lambda p, r: vg(tm.add(p, r)), (None, 0))(pos, residuals)
 
 
 def kl_metric(lh: Likelihood, pos, residuals, tangent, strategy):
     """Sample-averaged metric ``mean_i M(pos + r_i) t``."""
     if _n(residuals) == 0:
         return hamiltonian_metric(lh, pos, tangent)
-    per_sample = strategy.map(lambda p, r, t: hamiltonian_metric(lh, tm.add(p, r), t),
-                              in_axes=(None, 0, None))(pos, residuals, tangent)
-    return strategy.mean(per_sample)
+    return map_mean(strategy, lambda p, r, t: hamiltonian_metric(lh, tm.add(p, r), t),
+                    (None, 0, None))(pos, residuals, tangent)
 
 
 def _n(residuals) -> int:

@@ -87,6 +87,9 @@ class Likelihood:
         """``L(s) e`` with ``L L^T = F(s)``; a standard normal ``e`` gives ``N(0, F)``."""
         if self._lsm is not None:
             return self._lsm(s, e)
+        if self._transformation is None:
+            raise NotImplementedError("this likelihood has neither a left_sqrt_metric nor a transformation "
+                                      "(one is needed to draw samples)")
         _, vjp = jax.vjp(self.transformation, s)
         return tm.linear_adjoint(vjp)(e)
 
@@ -135,7 +138,10 @@ class Likelihood:
 
         trafo = (lambda xi: lh.transformation(model(xi))) if lh.has_transformation else None
         nres = (lambda xi: lh.normalized_residual(model(xi))) if lh.has_normalized_residual else None
-        return Likelihood(energy, trafo, domain=model.domain, metric=metric, left_sqrt_metric=lsm,
+        # a likelihood with a metric but neither transformation nor left square root has no lsm
+        has_lsm = self.lsm_tangents_shape is not None
+        return Likelihood(energy, trafo, domain=model.domain, metric=metric,
+                          left_sqrt_metric=lsm if has_lsm else None,
                           lsm_tangents_shape=self.lsm_tangents_shape, normalized_residual=nres)
 
     def __add__(self, other: "Likelihood") -> "Likelihood":
@@ -182,6 +188,8 @@ class Likelihood:
         trafo = (lambda x: (a.transformation(pa(x)), b.transformation(pb(x)))) if both_t else None
         both_r = a.has_normalized_residual and b.has_normalized_residual
         nres = (lambda x: (a.normalized_residual(pa(x)), b.normalized_residual(pb(x)))) if both_r else None
-        return Likelihood(energy, trafo, domain=domain, metric=metric, left_sqrt_metric=lsm,
-                          lsm_tangents_shape=(a.lsm_tangents_shape, b.lsm_tangents_shape),
+        has_lsm = a.lsm_tangents_shape is not None and b.lsm_tangents_shape is not None
+        return Likelihood(energy, trafo, domain=domain, metric=metric,
+                          left_sqrt_metric=lsm if has_lsm else None,
+                          lsm_tangents_shape=(a.lsm_tangents_shape, b.lsm_tangents_shape) if has_lsm else None,
                           normalized_residual=nres)

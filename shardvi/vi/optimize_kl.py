@@ -16,7 +16,8 @@ from ..minimizers.newton_cg import newton_cg
 from ..minimizers.optax_adapter import optax_minimize
 from ..minimizers.status import Status, status_message
 from ..models.model import check_latent
-from ..parallel.strategy import get_strategy
+from ..parallel.reproducible import reproducible_jit
+from ..parallel.strategy import Placed, get_strategy, place
 from . import checkpoint as ckpt
 from .diagnostics import IterationReport, pooled_chi2, residual_stats
 from .kl import kl_metric, kl_value_and_grad
@@ -181,11 +182,13 @@ class OptimizeVI:
             smp = Samples(pos, residuals)
             return residual_stats_arrays(lh, smp)
 
-        self._draw_linear = jax.jit(draw_linear, static_argnames="config")
-        self._curve = jax.jit(curve, static_argnames="config")
-        self._minimize = jax.jit(minimize, static_argnames="config")
-        self._interleave = jax.jit(_interleave)
-        self._diagnostics = jax.jit(diagnostics)
+        # reproducible_jit: the same arithmetic, bitwise, on any device count and for every strategy;
+        # Placed: inputs placed by the strategy that computes on them (same sharding every call: no recompiles)
+        self._draw_linear = Placed(sstrat, reproducible_jit(draw_linear, static_argnames="config"))
+        self._curve = Placed(sstrat, reproducible_jit(curve, static_argnames="config"))
+        self._minimize = Placed(kstrat, reproducible_jit(minimize, static_argnames="config"))
+        self._interleave = Placed(sstrat, jax.jit(_interleave))
+        self._diagnostics = Placed(kstrat, jax.jit(diagnostics))
 
     # -- state -------------------------------------------------------------------------------
     def init_state(self, key, nit: int = 0) -> OptimizeVIState:
@@ -240,6 +243,7 @@ class OptimizeVI:
         return Samples(pos, r, keys), np.asarray(cg_nit).tolist(), nl_nit, mode
 
     def _expand(self, keys):
+        keys = place(self.sample_strategy, keys)  # fresh or reused keys: one placement, one compiled repeat
         return jnp.repeat(keys, 2, axis=0) if self.mirror_samples else keys
 
     def _signs(self, n):
@@ -254,6 +258,7 @@ class OptimizeVI:
         mode, n, lin, nonlin, klc = self._settings(nit)
         key, k_samples = jax.random.split(state.key)
         samples, cg_nit, nl_nit, mode = self.draw_samples(samples, k_samples, mode, n, lin, nonlin, nit)
+        samples = place(self.kl_strategy, samples)  # pos, residuals and keys on the same devices
         res = self._minimize(samples.pos, samples.residuals, config=klc)
         if int(res.status) == Status.NONFINITE or not bool(tm.all_finite(res.x)) \
                 or not bool(jnp.isfinite(res.fun)):

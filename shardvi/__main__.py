@@ -1,0 +1,145 @@
+"""Command-line tools: ``python -m shardvi compare ...``.
+
+``compare`` runs the same reconstruction with one strategy on 1 device and on
+N devices and prints the largest absolute and relative differences of the
+samples, the posterior mean and the posterior standard deviation::
+
+    python -m shardvi compare --devices 4 --strategy shard_map [--demo lognormal_1d]
+
+In the reproducible mode (default) every difference is exactly 0; with
+``--reduce psum`` they are of the order of a few ulp. On CPU the devices are
+forced with ``jax_num_cpu_devices`` (as many as ``--devices``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+__all__ = ["compare", "main"]
+
+
+def _diff(a, b):
+    import numpy as np
+    a, b = np.asarray(a), np.asarray(b)
+    abs_ = float(np.max(np.abs(a - b))) if a.size else 0.0
+    scale = float(np.max(np.abs(b))) if b.size else 0.0
+    return {"max_abs": abs_, "max_rel": abs_ / scale if scale > 0 else abs_,
+            "bitwise_equal": bool(np.array_equal(a, b))}
+
+
+def _strategy(name, devices, reduce, chunk_size):
+    from . import parallel
+    classes = {"vmap": None, "lax_map": None, "shard_map": parallel.ShardMap, "pmap": parallel.Pmap,
+               "jit": parallel.JitSharding}
+    if name not in classes:
+        raise ValueError(f"strategy must be one of {tuple(classes)}, got {name!r}")
+    if classes[name] is None:
+        if len(devices) > 1:
+            raise ValueError(f"strategy {name!r} runs on one device; pick pmap, shard_map or jit for --devices > 1")
+        return parallel.Vmap(chunk_size=chunk_size, reduce=reduce) if name == "vmap" else \
+            parallel.LaxMap(batch_size=chunk_size, reduce=reduce)
+    return classes[name](devices=devices, chunk_size=chunk_size, reduce=reduce)
+
+
+def compare(devices: int = 4, strategy: str = "shard_map", demo: str = "lognormal_1d", *, npix: int = 64,
+            n_samples: int = 4, iterations: int = 3, reduce: str = "fixed", chunk_size: int = 1,
+            seed: int = 0) -> dict:
+    """Run ``demo`` with ``strategy`` on 1 and on ``devices`` devices; return the differences.
+
+    Returns
+    -------
+    dict
+        ``samples``, ``mean``, ``std``, ``kl_energy``: each ``{"max_abs", "max_rel",
+        "bitwise_equal"}`` (N devices against 1); ``time_1``, ``time_n``:
+        wall time of each run in seconds; plus the settings.
+    """
+    import jax
+    import numpy as np
+
+    import shardvi as sv
+    from ._demo_models import build_demo
+
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise ValueError(f"devices must be an int >= 1, got {devices!r}")
+    available = jax.devices()
+    if devices > len(available):
+        raise ValueError(f"devices={devices} but only {len(available)} {available[0].platform} device(s) exist "
+                         f"(on CPU start a fresh process: python -m shardvi compare --devices {devices})")
+    _strategy(strategy, list(available[:devices]), reduce, chunk_size)  # validate before running anything
+    problem = build_demo(demo, npix=npix, seed=seed)
+    mode_seq = ("linear_resample", "nonlinear_resample", "nonlinear_update")
+    configs = dict(linear_sampling=sv.CGConfig(tol=1e-8, maxiter=200),
+                   nonlinear_update=sv.NewtonCGConfig(xtol=1e-8, maxiter=10),
+                   kl_minimization=sv.NewtonCGConfig(xtol=1e-8, maxiter=10))
+
+    def run(devs):
+        strat = _strategy(strategy, list(devs), reduce, chunk_size)
+        t0 = time.perf_counter()
+        samples, state = sv.optimize_kl(
+            problem.likelihood, problem.position, key=jax.random.PRNGKey(seed), n_total_iterations=iterations,
+            n_samples=n_samples, sample_mode=lambda i: mode_seq[min(i, 2)], sample_map=strat, kl_map=strat,
+            **configs)
+        signal = np.stack([np.asarray(problem.signal(s)) for s in samples])
+        flat = np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree.leaves(samples.samples)])
+        energies = np.asarray([r.kl_energy for r in state.history])
+        return flat, signal.mean(0), signal.std(0), energies, time.perf_counter() - t0
+
+    one = run(available[:1])
+    many = run(available[:devices])
+    names = ("samples", "mean", "std", "kl_energy")
+    out = {name: _diff(many[i], one[i]) for i, name in enumerate(names)}
+    out.update(time_1=one[4], time_n=many[4], devices=devices, strategy=strategy, demo=demo, reduce=reduce,
+               chunk_size=chunk_size, n_samples=n_samples, iterations=iterations, npix=npix)
+    return out
+
+
+def _format(res: dict) -> str:
+    lines = [f"{res['demo']}: {res['strategy']} (reduce={res['reduce']}, chunk_size={res['chunk_size']}) "
+             f"on 1 vs {res['devices']} devices, {res['n_samples']} sample pairs, {res['iterations']} iterations",
+             f"{'quantity':<12} {'max abs diff':>14} {'max rel diff':>14}  bitwise equal"]
+    for name in ("samples", "mean", "std", "kl_energy"):
+        d = res[name]
+        lines.append(f"{name:<12} {d['max_abs']:>14.3e} {d['max_rel']:>14.3e}  {'yes' if d['bitwise_equal'] else 'no'}")
+    lines.append(f"wall time: 1 device {res['time_1']:.2f} s, {res['devices']} devices {res['time_n']:.2f} s")
+    return "\n".join(lines)
+
+
+def main(argv=None, force_cpu_devices: bool = False) -> int:
+    """Run the CLI; ``force_cpu_devices`` (set by ``python -m shardvi``) forces ``--devices`` CPU devices."""
+    ap = argparse.ArgumentParser(prog="python -m shardvi", description="shardvi command-line tools")
+    sub = ap.add_subparsers(dest="command", required=True)
+    cp = sub.add_parser("compare", help="run one reconstruction on 1 and N devices and print the differences")
+    cp.add_argument("--devices", type=int, default=4, help="number of devices N (forced CPU devices on CPU)")
+    cp.add_argument("--strategy", default="shard_map", choices=("shard_map", "pmap", "jit", "vmap", "lax_map"))
+    cp.add_argument("--demo", default="lognormal_1d", help="demo problem: lognormal_1d or wiener_1d")
+    cp.add_argument("--npix", type=int, default=64)
+    cp.add_argument("--samples", type=int, default=4, help="antithetic sample pairs")
+    cp.add_argument("--iterations", type=int, default=3)
+    cp.add_argument("--reduce", default="fixed", choices=("fixed", "psum"))
+    cp.add_argument("--chunk-size", type=int, default=1)
+    cp.add_argument("--seed", type=int, default=0)
+    cp.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = ap.parse_args(argv)
+
+    import jax
+    if force_cpu_devices and os.environ.get("JAX_PLATFORMS", "cpu") in ("cpu", ""):
+        try:  # possible before the first JAX computation only
+            jax.config.update("jax_num_cpu_devices", max(args.devices, 1))
+        except RuntimeError:
+            pass
+    jax.config.update("jax_enable_x64", True)
+    try:
+        res = compare(args.devices, args.strategy, args.demo, npix=args.npix, n_samples=args.samples,
+                      iterations=args.iterations, reduce=args.reduce, chunk_size=args.chunk_size, seed=args.seed)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(res, indent=2) if args.json else _format(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(force_cpu_devices=True))

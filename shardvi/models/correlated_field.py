@@ -1,0 +1,432 @@
+"""Correlated field model: a Gaussian random field with a learned power spectrum.
+
+The field on a regular grid (1-3 axes per sub-domain, several sub-domains combined
+by an outer product of amplitudes) is
+
+    s = offset_mean + H(c * xi),    c(k_1, ..., k_n) = azm * prod_i ahat_i(|k_i|),
+
+with ``H`` the Hartley transform over all axes, ``xi`` white, ``azm`` the zero-mode
+standard deviation (``offset_std`` prior), ``ahat_i(0) = 1`` and
+``ahat_i(k) = sqrt(P_i(k) / V_i) / azm`` for ``k != 0``, where ``P_i`` is the power
+spectrum of sub-domain ``i`` (a spectral density, see :mod:`.harmonic`) and ``V_i`` its
+total volume. For one sub-domain ``c = sqrt(P / V)`` off the zero mode, so
+``H(c xi) == harmonic_to_position(sqrt(V P) xi)``; the field's pixel variance
+(zero mode excluded) is ``sum_k P(|k|) / V``. With several sub-domains it is
+``azm^2 * (prod_i (1 + f_i^2 / azm^2) - 1)`` (``f_i`` the sub-domain fluctuations); the
+parts that vary along a single sub-domain only have standard deviation ``f_i``.
+
+Non-parametric spectrum (Arras et al. 2022, Nat. Astron., methods; NIFTy's
+``CorrelatedFieldMaker``): on ``t = log|k| - log|k_1|`` over the non-zero modes,
+``log-spectrum(t) = loglogavgslope * t + y(t)`` with ``y`` an integrated Wiener process
+(``flexibility``; plus white increments of relative strength ``asperity``) whose end
+points are pinned to 0, so ``loglogavgslope`` is the average log-log slope; the
+spectrum is then normalized so that ``fluctuations`` is the standard deviation of the
+field. Matern alternative: ``P(k) proportional to (1 + (k / cutoff)^2)^(loglogslope / 2)``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.special import logsumexp
+
+from .harmonic import RegularGrid, hartley
+from .model import Model
+from .priors import LogNormal, Normal, Prior, as_prior
+
+__all__ = ["CorrelatedFieldMaker", "CorrelatedField", "NonParametricAmplitude", "MaternAmplitude", "Hyperparameter"]
+
+_KINDS = ("amplitude", "power")
+
+
+def _default_dtype(dtype):
+    dtype = jnp.result_type(float) if dtype is None else jnp.dtype(dtype)
+    if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)):
+        raise TypeError(f"dtype must be float32 or float64, got {dtype}")
+    return dtype
+
+
+def _check_prefix(prefix, argname):
+    if not isinstance(prefix, str):
+        raise TypeError(f"{argname} must be a str, got {type(prefix).__name__}")
+    return prefix
+
+
+@dataclass(frozen=True)
+class Hyperparameter:
+    """A scalar hyperparameter: fixed (``prior is None``) or ``prior(xi[name])``.
+
+    Built by :meth:`make` from a float (fixed), a ``(mean, std)`` pair or a :class:`Prior`.
+    """
+
+    name: str
+    prior: Optional[Prior] = None
+    value: Optional[float] = None
+
+    @classmethod
+    def make(cls, spec, name: str, argname: str, kind: type, positive: bool) -> "Hyperparameter":
+        if isinstance(spec, (int, float, np.floating, np.integer)) and not isinstance(spec, bool):
+            v = float(spec)
+            if not math.isfinite(v) or (positive and v <= 0):
+                raise ValueError(f"{argname} must be {'> 0' if positive else 'finite'}, got {v}")
+            return cls(name, None, v)
+        return cls(name, as_prior(spec, argname, kind), None)
+
+    def domain(self, dtype) -> dict:
+        return {} if self.prior is None else {self.name: self.prior.domain((), dtype)}
+
+    def __call__(self, xi, dtype):
+        if self.prior is None:
+            return jnp.asarray(self.value, dtype)
+        return self.prior(xi[self.name]).astype(dtype)
+
+
+def _hyper_domain(hypers, dtype) -> dict:
+    out = {}
+    for h in hypers:
+        if h is not None:
+            out.update(h.domain(dtype))
+    return out
+
+
+def _normalized_log_power(log_shape, grid: RegularGrid, std):
+    """``log P_j`` for the non-zero modes with ``sum_j mult_j P_j / V == std^2``."""
+    mult = jnp.asarray(grid.multiplicity[1:], log_shape.dtype)
+    lognorm = logsumexp(log_shape + jnp.log(mult))
+    return log_shape - lognorm + 2 * jnp.log(std) + math.log(grid.total_volume)
+
+
+@dataclass(frozen=True, eq=False)
+class NonParametricAmplitude:
+    """Non-parametric power spectrum of one sub-domain.
+
+    Latent names (``prefix`` + ...): ``fluctuations``, ``loglogavgslope``,
+    ``flexibility``, ``asperity`` (scalars, when not fixed) and ``spectrum`` (shape
+    ``(2, M - 2)``: velocity and integral increments of the integrated Wiener
+    process on the ``M - 1`` non-zero log-|k| nodes).
+
+    ``kind="amplitude"`` (default) models ``log sqrt(P)``, ``kind="power"``
+    models ``log P``: with ``"amplitude"`` the power spectrum's log-log slope is
+    ``2 * loglogavgslope``.
+    """
+
+    grid: RegularGrid
+    fluctuations: Hyperparameter
+    loglogavgslope: Hyperparameter
+    flexibility: Optional[Hyperparameter]
+    asperity: Optional[Hyperparameter]
+    prefix: str
+    kind: str = "amplitude"
+
+    def domain(self, dtype) -> dict:
+        out = _hyper_domain((self.fluctuations, self.loglogavgslope, self.flexibility, self.asperity), dtype)
+        if self.flexibility is not None:
+            n = len(self.grid.mode_lengths) - 2
+            out[self.prefix + "spectrum"] = jax.ShapeDtypeStruct((2, n), dtype)
+        return out
+
+    def std(self, xi, dtype):
+        """Standard deviation of the sub-field (the ``fluctuations`` value)."""
+        return self.fluctuations(xi, dtype)
+
+    def log_power(self, xi, dtype):
+        """``log P(|k|)`` on ``grid.mode_lengths[1:]``, shape (M-1,)."""
+        t = jnp.asarray(self.grid.log_mode_lengths, dtype)
+        log_spec = self.loglogavgslope(xi, dtype) * t
+        if self.flexibility is not None:
+            dt = t[1:] - t[:-1]
+            flex = self.flexibility(xi, dtype)
+            asp = self.asperity(xi, dtype) if self.asperity is not None else jnp.zeros((), dtype)
+            exc = xi[self.prefix + "spectrum"]
+            # exact integrated-Wiener-process increments: slope deviation v, its integral y
+            v = jnp.concatenate([jnp.zeros((1,), dtype), jnp.cumsum(flex * jnp.sqrt(dt) * exc[0])])
+            dy = 0.5 * dt * (v[:-1] + v[1:]) + flex * jnp.sqrt(dt ** 3 / 12.0 + asp * dt) * exc[1]
+            y = jnp.concatenate([jnp.zeros((1,), dtype), jnp.cumsum(dy)])
+            log_spec = log_spec + (y - y[-1] * t / t[-1])   # end points pinned: slope stays the average
+        if self.kind == "amplitude":
+            log_spec = 2 * log_spec
+        return _normalized_log_power(log_spec, self.grid, self.std(xi, dtype))
+
+
+@dataclass(frozen=True, eq=False)
+class MaternAmplitude:
+    """Matern power spectrum ``P(k) = P0 * (1 + (k / cutoff)^2)^(loglogslope / 2)`` of one sub-domain.
+
+    With ``renormalize=True`` ``P0`` is set so that ``scale`` is the standard deviation
+    of the sub-field (zero mode excluded); otherwise ``P0 = scale^2`` (a spectral
+    density at ``k -> 0``, units field^2 * length^ndim). ``cutoff`` is in cycles per
+    unit length. Latent names: ``prefix`` + ``scale``, ``cutoff``, ``loglogslope``.
+    """
+
+    grid: RegularGrid
+    scale: Hyperparameter
+    cutoff: Hyperparameter
+    loglogslope: Hyperparameter
+    prefix: str
+    renormalize: bool = True
+
+    def domain(self, dtype) -> dict:
+        return _hyper_domain((self.scale, self.cutoff, self.loglogslope), dtype)
+
+    def _log_shape(self, xi, dtype):
+        k = jnp.asarray(self.grid.mode_lengths[1:], dtype)
+        return 0.5 * self.loglogslope(xi, dtype) * jnp.log1p((k / self.cutoff(xi, dtype)) ** 2)
+
+    def log_power(self, xi, dtype):
+        """``log P(|k|)`` on ``grid.mode_lengths[1:]``, shape (M-1,)."""
+        log_shape = self._log_shape(xi, dtype)
+        if self.renormalize:
+            return _normalized_log_power(log_shape, self.grid, self.scale(xi, dtype))
+        return log_shape + 2 * jnp.log(self.scale(xi, dtype))
+
+    def std(self, xi, dtype):
+        """Standard deviation of the sub-field (zero mode excluded)."""
+        if self.renormalize:
+            return self.scale(xi, dtype)
+        mult = jnp.asarray(self.grid.multiplicity[1:], dtype)
+        return jnp.exp(0.5 * (logsumexp(self.log_power(xi, dtype) + jnp.log(mult))
+                              - math.log(self.grid.total_volume)))
+
+
+Amplitude = Union[NonParametricAmplitude, MaternAmplitude]
+
+
+class CorrelatedField(Model):
+    """The model built by :meth:`CorrelatedFieldMaker.finalize`; ``field = model(xi)``.
+
+    Attributes
+    ----------
+    grids : tuple of RegularGrid
+        The sub-domains, in the order their axes appear in the field.
+    k_lengths : tuple of ndarray
+        ``grids[i].mode_lengths`` (unique ``|k|``, cycles per unit length).
+    offset_mean : float
+    prefix : str
+    """
+
+    def __init__(self, amplitudes: tuple, zero_mode: Hyperparameter, offset_mean: float, prefix: str, dtype):
+        self.amplitudes = tuple(amplitudes)
+        self.zero_mode = zero_mode
+        self.offset_mean = float(offset_mean)
+        self.prefix = prefix
+        self.dtype = jnp.dtype(dtype)
+        self.grids = tuple(a.grid for a in self.amplitudes)
+        self.k_lengths = tuple(g.mode_lengths for g in self.grids)
+        self.field_shape = sum((g.shape for g in self.grids), ())
+        domain = dict(zero_mode.domain(dtype))
+        for amp in self.amplitudes:
+            sub = amp.domain(dtype)
+            clash = set(sub) & set(domain)
+            if clash:
+                raise ValueError(f"latent names {sorted(clash)} are used twice; give each sub-domain its own prefix")
+            domain.update(sub)
+        xi_name = prefix + "xi"
+        if xi_name in domain:
+            raise ValueError(f"latent name {xi_name!r} clashes with a hyperparameter; change the prefixes")
+        domain[xi_name] = jax.ShapeDtypeStruct(self.field_shape, dtype)
+        self._xi_name = xi_name
+        # compiled once per latent dtype: eager op-by-op evaluation compiles every primitive separately
+        field = jax.jit(self._field)
+        field.__name__ = "correlated_field"
+        super().__init__(field, domain)
+        self._power_spectrum_jit = jax.jit(self._power_spectrum, static_argnums=1)
+        self._fluctuations_jit = jax.jit(self._fluctuations, static_argnums=1)
+
+    # ---------------------------------------------------------------- pieces
+    def zero_mode_std(self, xi):
+        """``azm``: standard deviation of the field's mean (the ``offset_std`` value)."""
+        return self.zero_mode(xi, self.dtype)
+
+    def power_spectrum(self, xi, component: int = 0):
+        """Power spectrum ``P(|k|)`` of sub-domain ``component`` on ``k_lengths[component]``.
+
+        Returns
+        -------
+        array, shape (M,)
+            ``P[0] = V * azm^2`` (the zero mode), ``P[1:]`` the spectral density of the
+            sub-field (units field^2 * length^ndim; ``sum(mult * P) / V`` is its variance).
+        """
+        return self._power_spectrum_jit(xi, self._component(component))
+
+    def _power_spectrum(self, xi, component):
+        amp = self.amplitudes[component]
+        v = amp.grid.total_volume
+        p0 = v * self.zero_mode_std(xi) ** 2
+        return jnp.concatenate([p0[None], jnp.exp(amp.log_power(xi, self.dtype))])
+
+    def amplitude_spectrum(self, xi, component: int = 0):
+        """``sqrt(power_spectrum(xi, component))``."""
+        return jnp.sqrt(self.power_spectrum(xi, component))
+
+    def fluctuations(self, xi, component: int = 0):
+        """Standard deviation of sub-domain ``component``'s sub-field (zero mode excluded)."""
+        return self._fluctuations_jit(xi, self._component(component))
+
+    def _fluctuations(self, xi, component):
+        return self.amplitudes[component].std(xi, self.dtype)
+
+    def harmonic_amplitude(self, xi):
+        """``c`` on the full harmonic grid (FFT order), shape ``field_shape``: ``field = offset + H(c * xi)``."""
+        azm = self.zero_mode_std(xi)
+        out = azm
+        ndim = len(self.field_shape)
+        start = 0
+        for amp in self.amplitudes:
+            g = amp.grid
+            log_a = 0.5 * (amp.log_power(xi, self.dtype) - math.log(g.total_volume))
+            ahat = jnp.concatenate([jnp.ones((1,), self.dtype), jnp.exp(log_a) / azm])
+            full = ahat[jnp.asarray(g.power_index)]
+            shape = (1,) * start + g.shape + (1,) * (ndim - start - g.ndim)
+            out = out * full.reshape(shape)
+            start += g.ndim
+        return out
+
+    def total_fluctuations(self, xi):
+        """Expected pixel standard deviation with the zero mode excluded: ``azm * sqrt(prod(1 + (f_i/azm)^2) - 1)``."""
+        azm = self.zero_mode_std(xi)
+        q = jnp.ones((), self.dtype)
+        for i in range(len(self.amplitudes)):
+            q = q * (1 + (self._fluctuations(xi, i) / azm) ** 2)
+        return azm * jnp.sqrt(q - 1)
+
+    def hyperparameters(self, xi) -> dict:
+        """Realized scalar hyperparameters by latent-style name (fixed ones included)."""
+        out = {self.zero_mode.name: self.zero_mode(xi, self.dtype)}
+        for amp in self.amplitudes:
+            for f in ("fluctuations", "loglogavgslope", "flexibility", "asperity", "scale", "cutoff", "loglogslope"):
+                h = getattr(amp, f, None)
+                if h is not None:
+                    out[h.name] = h(xi, self.dtype)
+        return out
+
+    def _component(self, i):
+        if not isinstance(i, (int, np.integer)) or not -len(self.amplitudes) <= i < len(self.amplitudes):
+            raise IndexError(f"component must be an int in [0, {len(self.amplitudes)}), got {i!r}")
+        return int(i) % len(self.amplitudes)
+
+    def _field(self, xi):
+        c = self.harmonic_amplitude(xi)
+        return self.offset_mean + hartley(c * xi[self._xi_name])
+
+    def __repr__(self):
+        return (f"CorrelatedField(prefix={self.prefix!r}, shape={self.field_shape}, "
+                f"grids={self.grids}, latent={sorted(self.domain)})")
+
+
+class CorrelatedFieldMaker:
+    """Builder for :class:`CorrelatedField`; every ``add_*``/``set_*`` returns ``self``.
+
+    Hyperparameters are given as a fixed float, a ``(mean, std)`` pair (log-normal for
+    positive quantities, normal for slopes) or any :class:`~shardvi.models.priors.Prior`.
+    Latent names are ``prefix + sub_prefix + name``.
+
+    >>> cf = CorrelatedFieldMaker("cf")
+    >>> cf.set_amplitude_total_offset(0.0, (1e-3, 1e-4))
+    >>> cf.add_fluctuations((128,), 1.0, fluctuations=(1.0, 0.5), loglogavgslope=(-2.0, 0.5),
+    ...                     flexibility=(1.0, 0.5), asperity=None, prefix="x")
+    >>> model = cf.finalize()   # latent: cfzeromode, cfxfluctuations, ..., cfxi
+    """
+
+    def __init__(self, prefix: str = "cf", dtype=None):
+        self.prefix = _check_prefix(prefix, "prefix")
+        self.dtype = _default_dtype(dtype)
+        self._amplitudes: list = []
+        self._zero_mode: Optional[Hyperparameter] = None
+        self._offset_mean: Optional[float] = None
+
+    def set_amplitude_total_offset(self, offset_mean: float, offset_std) -> "CorrelatedFieldMaker":
+        """Field mean ``offset_mean + azm * xi_0`` with ``azm`` from ``offset_std`` (log-normal ``(mean, std)``)."""
+        try:
+            m = float(offset_mean)
+        except (TypeError, ValueError):
+            raise TypeError(f"offset_mean must be a real number, got {offset_mean!r}") from None
+        if not math.isfinite(m):
+            raise ValueError(f"offset_mean must be finite, got {m}")
+        self._offset_mean = m
+        self._zero_mode = Hyperparameter.make(offset_std, self.prefix + "zeromode", "offset_std", LogNormal, True)
+        return self
+
+    def add_fluctuations(self, shape, distances, fluctuations, loglogavgslope, flexibility=None, asperity=None,
+                         *, prefix: str = "", kind: str = "amplitude") -> "CorrelatedFieldMaker":
+        """Add a sub-domain with a non-parametric spectrum.
+
+        Parameters
+        ----------
+        shape : int or tuple of int
+            Pixels per axis (1-3 axes).
+        distances : float or tuple of float
+            Pixel size per axis.
+        fluctuations : float, (mean, std) or Prior
+            Standard deviation of the sub-field (log-normal).
+        loglogavgslope : float, (mean, std) or Prior
+            Average slope of the log-spectrum vs ``log|k|`` (normal).
+        flexibility : float, (mean, std), Prior or None
+            Strength of the integrated-Wiener-process deviations (log-normal); None: pure power law.
+        asperity : float, (mean, std), Prior or None
+            Relative strength of white (non-smooth) deviations; needs ``flexibility``.
+        prefix : str
+            Sub-domain prefix for the latent names.
+        kind : {"amplitude", "power"}
+            Whether the slope and deviations describe ``log sqrt(P)`` or ``log P``.
+        """
+        grid = RegularGrid(shape, distances)
+        sub = self.prefix + _check_prefix(prefix, "prefix")
+        if kind not in _KINDS:
+            raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
+        if asperity is not None and flexibility is None:
+            raise ValueError("asperity needs flexibility (the asperity scales the flexibility's deviations)")
+        if flexibility is not None and len(grid.mode_lengths) < 3:
+            raise ValueError(f"flexibility needs at least 2 distinct non-zero |k| (grid shape {grid.shape})")
+        amp = NonParametricAmplitude(
+            grid=grid,
+            fluctuations=Hyperparameter.make(fluctuations, sub + "fluctuations", "fluctuations", LogNormal, True),
+            loglogavgslope=Hyperparameter.make(loglogavgslope, sub + "loglogavgslope", "loglogavgslope", Normal,
+                                               False),
+            flexibility=None if flexibility is None else Hyperparameter.make(
+                flexibility, sub + "flexibility", "flexibility", LogNormal, True),
+            asperity=None if asperity is None else Hyperparameter.make(
+                asperity, sub + "asperity", "asperity", LogNormal, True),
+            prefix=sub, kind=kind)
+        self._amplitudes.append(amp)
+        return self
+
+    def add_fluctuations_matern(self, shape, distances, scale, cutoff, loglogslope, *,
+                                renormalize_amplitude: bool = True, prefix: str = "") -> "CorrelatedFieldMaker":
+        """Add a sub-domain with a Matern spectrum ``P(k) ~ (1 + (k/cutoff)^2)^(loglogslope/2)``.
+
+        Parameters
+        ----------
+        scale : float, (mean, std) or Prior
+            Sub-field standard deviation (``renormalize_amplitude=True``) or ``sqrt(P(0))`` (log-normal).
+        cutoff : float, (mean, std) or Prior
+            Knee of the spectrum in cycles per unit length (log-normal).
+        loglogslope : float, (mean, std) or Prior
+            Asymptotic log-log slope of the power spectrum (normal; e.g. ``-(2 nu + ndim)``).
+        """
+        grid = RegularGrid(shape, distances)
+        sub = self.prefix + _check_prefix(prefix, "prefix")
+        if not isinstance(renormalize_amplitude, bool):
+            raise TypeError(f"renormalize_amplitude must be a bool, got {type(renormalize_amplitude).__name__}")
+        amp = MaternAmplitude(
+            grid=grid,
+            scale=Hyperparameter.make(scale, sub + "scale", "scale", LogNormal, True),
+            cutoff=Hyperparameter.make(cutoff, sub + "cutoff", "cutoff", LogNormal, True),
+            loglogslope=Hyperparameter.make(loglogslope, sub + "loglogslope", "loglogslope", Normal, False),
+            prefix=sub, renormalize=renormalize_amplitude)
+        self._amplitudes.append(amp)
+        return self
+
+    def finalize(self) -> CorrelatedField:
+        """Build the :class:`CorrelatedField` model."""
+        if self._zero_mode is None:
+            raise ValueError("call set_amplitude_total_offset(offset_mean, offset_std) before finalize()")
+        if not self._amplitudes:
+            raise ValueError("add at least one sub-domain (add_fluctuations or add_fluctuations_matern)")
+        ndim = sum(a.grid.ndim for a in self._amplitudes)
+        if ndim > 8:
+            raise ValueError(f"the field has {ndim} axes in total; at most 8 are supported")
+        return CorrelatedField(tuple(self._amplitudes), self._zero_mode, self._offset_mean, self.prefix, self.dtype)

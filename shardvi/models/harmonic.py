@@ -1,0 +1,201 @@
+"""Regular grids, Hartley transforms with volume factors, and power-spectrum binning.
+
+Conventions (per axis ``i``: ``N_i`` pixels of length ``dx_i``):
+
+- harmonic coordinates are ``k_i = fftfreq(N_i, dx_i)`` (cycles per unit length), so
+  the harmonic cell is ``dk_i = 1 / (N_i dx_i)``; ``|k|`` is the Euclidean norm;
+- ``position_to_harmonic(s) = prod(dx) * H s`` and ``harmonic_to_position(S) = prod(dk) * H S``
+  with ``H`` the unnormalized Hartley transform (``Re + Im`` of the FFT, ``H H = N I``);
+  they are inverse to each other and satisfy Parseval:
+  ``sum(dx) s^2 == sum(dk) S^2``;
+- a power spectrum ``P(|k|)`` is a spectral density: a stationary field with power
+  ``P`` has pixel variance ``sum_k dk P(|k|) = sum_k P(|k|) / V`` (``V`` the total volume).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["RegularGrid", "hartley", "harmonic_to_position", "position_to_harmonic", "power_analyze"]
+
+
+def _as_shape(shape) -> tuple[int, ...]:
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+        shape = (shape,)
+    try:
+        out = tuple(int(n) for n in shape)
+    except TypeError:
+        raise TypeError(f"shape must be an int or a sequence of ints, got {shape!r}") from None
+    if not out or len(out) > 3:
+        raise ValueError(f"shape must have 1 to 3 axes, got {out}")
+    if any(n < 2 for n in out):
+        raise ValueError(f"shape entries must be >= 2, got {out}")
+    return out
+
+
+def _as_distances(distances, ndim: int) -> tuple[float, ...]:
+    if np.ndim(distances) == 0:
+        distances = (distances,) * ndim
+    try:
+        out = tuple(float(d) for d in distances)
+    except TypeError:
+        raise TypeError(f"distances must be a float or a sequence of floats, got {distances!r}") from None
+    if len(out) != ndim:
+        raise ValueError(f"distances has {len(out)} entries, expected {ndim} (one per axis)")
+    if not all(math.isfinite(d) and d > 0 for d in out):
+        raise ValueError(f"distances must be finite and > 0, got {out}")
+    return out
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a)
+    a.setflags(write=False)
+    return a
+
+
+@dataclass(frozen=True, eq=False)
+class RegularGrid:
+    """A periodic regular grid and its harmonic partner.
+
+    Parameters
+    ----------
+    shape : int or tuple of int
+        Pixels per axis (1 to 3 axes, each >= 2).
+    distances : float or tuple of float
+        Pixel edge length per axis (a scalar is used for every axis).
+
+    Attributes
+    ----------
+    mode_lengths : ndarray, shape (M,)
+        Sorted unique ``|k|`` values; ``mode_lengths[0] == 0``.
+    power_index : ndarray of int, shape ``shape``
+        Index into ``mode_lengths`` for every harmonic pixel (FFT order).
+    multiplicity : ndarray of int, shape (M,)
+        Number of harmonic pixels in each ``|k|`` bin.
+    """
+
+    shape: tuple
+    distances: tuple = 1.0
+    mode_lengths: np.ndarray = field(init=False, repr=False)
+    power_index: np.ndarray = field(init=False, repr=False)
+    multiplicity: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self):
+        shape = _as_shape(self.shape)
+        dist = _as_distances(self.distances, len(shape))
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "distances", dist)
+        # integer frequency indices make |k| bins exact (no floating-point near-duplicates)
+        idx = np.meshgrid(*[np.fft.fftfreq(n, 1.0 / n).round().astype(np.int64) for n in shape], indexing="ij")
+        dk = self.harmonic_distances
+        if len(set(dk)) == 1:   # isotropic: bin on the integer |n|^2
+            key = sum(i * i for i in idx)
+            uniq, inv = np.unique(key, return_inverse=True)
+            lengths = dk[0] * np.sqrt(uniq.astype(np.float64))
+        else:
+            k2 = sum((i * d) ** 2 for i, d in zip(idx, dk))
+            scale = max(dk) ** 2
+            uniq, inv = np.unique(np.round(k2 / scale, 10), return_inverse=True)
+            lengths = np.sqrt(uniq * scale)
+        object.__setattr__(self, "mode_lengths", _frozen(lengths))
+        object.__setattr__(self, "power_index", _frozen(inv.reshape(shape).astype(np.int32)))
+        object.__setattr__(self, "multiplicity", _frozen(np.bincount(inv.ravel()).astype(np.int64)))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def total_volume(self) -> float:
+        """``V = prod(N_i dx_i)``."""
+        return math.prod(n * d for n, d in zip(self.shape, self.distances))
+
+    @property
+    def harmonic_distances(self) -> tuple[float, ...]:
+        """``dk_i = 1 / (N_i dx_i)``."""
+        return tuple(1.0 / (n * d) for n, d in zip(self.shape, self.distances))
+
+    @property
+    def k_lengths(self) -> np.ndarray:
+        """``|k|`` on the full harmonic grid (FFT order), shape ``shape``."""
+        return self.mode_lengths[self.power_index]
+
+    @property
+    def log_mode_lengths(self) -> np.ndarray:
+        """``log |k|`` of the non-zero modes relative to the smallest one, shape (M-1,); starts at 0."""
+        lk = np.log(self.mode_lengths[1:])
+        return _frozen(lk - lk[0])
+
+    def __repr__(self):
+        return f"RegularGrid(shape={self.shape}, distances={self.distances})"
+
+
+def _axes(x, axes):
+    if axes is None:
+        return tuple(range(jnp.ndim(x)))
+    return tuple(int(a) % jnp.ndim(x) for a in axes)
+
+
+def hartley(x, axes: Sequence[int] | None = None):
+    """Unnormalized Hartley transform ``Re(FFT x) + Im(FFT x)`` over ``axes`` (all by default).
+
+    Real in, real out; ``hartley(hartley(x)) == N x`` with ``N`` the number of
+    transformed pixels.
+    """
+    x = jnp.asarray(x)
+    if jnp.iscomplexobj(x):
+        raise TypeError("hartley expects a real array")
+    y = jnp.fft.fftn(x, axes=_axes(x, axes))
+    return (y.real + y.imag).astype(x.dtype)
+
+
+def _grid_axes(x, grid: RegularGrid, axes):
+    ax = _axes(x, axes) if axes is not None else tuple(range(jnp.ndim(x) - grid.ndim, jnp.ndim(x)))
+    if len(ax) != grid.ndim or tuple(jnp.shape(x)[a] for a in ax) != grid.shape:
+        raise ValueError(f"array of shape {jnp.shape(x)} does not match grid shape {grid.shape} on axes {ax}")
+    return ax
+
+
+def position_to_harmonic(s, grid: RegularGrid, axes: Sequence[int] | None = None):
+    """``S = prod(dx) * H s``: the Hartley-space field with volume factors.
+
+    Parameters
+    ----------
+    s : array
+        Field with ``grid.shape`` on ``axes`` (default: the trailing ``grid.ndim`` axes).
+    """
+    ax = _grid_axes(s, grid, axes)
+    return math.prod(grid.distances) * hartley(s, ax)
+
+
+def harmonic_to_position(S, grid: RegularGrid, axes: Sequence[int] | None = None):
+    """``s = prod(dk) * H S``, the inverse of :func:`position_to_harmonic`."""
+    ax = _grid_axes(S, grid, axes)
+    return math.prod(grid.harmonic_distances) * hartley(S, ax)
+
+
+def power_analyze(s, grid: RegularGrid, axes: Sequence[int] | None = None):
+    """Empirical power spectrum ``P(|k|)`` of a field, one value per ``grid.mode_lengths`` bin.
+
+    ``P_j = mean_{k in bin j} S_k^2 / V`` with ``S = position_to_harmonic(s)``; for a
+    stationary Gaussian field with power spectrum ``P`` each term has expectation
+    ``P(|k|)``; ``sum_j multiplicity_j P_j / V == mean(s^2)`` exactly (Parseval).
+    Leading (batch) axes are kept.
+    """
+    ax = _grid_axes(s, grid, axes)
+    S = position_to_harmonic(s, grid, ax)
+    S2 = jnp.moveaxis(S * S, ax, tuple(range(-grid.ndim, 0)))
+    batch = S2.shape[:-grid.ndim]
+    flat = S2.reshape(batch + (-1,))
+    idx = jnp.asarray(grid.power_index.ravel())
+    m = len(grid.mode_lengths)
+    sums = jnp.zeros(batch + (m,), flat.dtype).at[..., idx].add(flat)
+    return sums / (jnp.asarray(grid.multiplicity, flat.dtype) * grid.total_volume)

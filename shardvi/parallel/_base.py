@@ -1,0 +1,89 @@
+"""Shared plumbing of the multi-device strategies (validation, mesh, padding, reduction)."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import tree_util as jtu
+
+from .mesh import (Layout, check_devices, leading_size, pad_samples, replicated, resolve_devices, sample_layout,
+                   sample_mesh)
+from .strategy import check_chunk, check_in_axes, check_reduce, fixed_order_mean, tree_mean
+
+__all__ = ["MultiDevice"]
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_mesh(devices: tuple):
+    return sample_mesh(devices)
+
+
+class MultiDevice:
+    """Mixin for frozen dataclasses with ``devices``, ``chunk_size``, ``reduce`` and ``pad`` fields."""
+
+    def _validate(self):
+        object.__setattr__(self, "devices", check_devices(self.devices, "devices"))
+        check_chunk(self.chunk_size, "chunk_size", allow_none=False)
+        check_reduce(self.reduce)
+        if not isinstance(self.pad, bool):
+            raise TypeError(f"pad must be a bool, got {type(self.pad).__name__}")
+
+    # -- devices / mesh ---------------------------------------------------------------------
+    @property
+    def resolved_devices(self) -> tuple:
+        """``devices``, or all ``jax.devices()`` when ``None`` (resolved at use, not construction)."""
+        return resolve_devices(self.devices)
+
+    @property
+    def mesh(self):
+        """The 1-D sample mesh over :attr:`resolved_devices`."""
+        return _cached_mesh(self.resolved_devices)
+
+    def place(self, tree):
+        """Replicate ``tree`` over the strategy's devices (the canonical input placement)."""
+        return jax.device_put(tree, replicated(self.mesh))
+
+    # -- layout -------------------------------------------------------------------------------
+    def _prepare(self, args, in_axes) -> tuple[Layout, list]:
+        check_in_axes(in_axes, len(args))
+        n = leading_size(args, in_axes, self.name)
+        layout = sample_layout(n, len(self.resolved_devices), self.chunk_size, self.pad, self.name)
+        padded = [pad_samples(a, layout.padded) if ax == 0 else a for a, ax in zip(args, in_axes)]
+        return layout, padded
+
+    def _finish(self, stacked, layout: Layout):
+        """Drop the padding and replicate the stacked outputs (the all-gather)."""
+        out = jtu.tree_map(lambda y: y[:layout.n], stacked)
+        return jax.lax.with_sharding_constraint(out, replicated(self.mesh))
+
+    def mean(self, stacked):
+        """Mean over the (replicated) leading axis: fixed order, or a tree reduction for ``reduce='psum'``."""
+        return fixed_order_mean(stacked) if self.reduce == "fixed" else tree_mean(stacked)
+
+
+def masked_local_sum(values, layout: Layout, device_index):
+    """Sum over this device's block, padding samples contributing exactly zero."""
+    idx = device_index * layout.per_device + jnp.arange(layout.per_device)
+    valid = idx < layout.n
+
+    def one(v):
+        m = valid.reshape((-1,) + (1,) * (v.ndim - 1))
+        return jnp.sum(jnp.where(m, v, jnp.zeros((), v.dtype)), axis=0)
+    return jtu.tree_map(one, values)
+
+
+def reshape_to_devices(tree, layout: Layout):
+    """``(n_padded, ...) -> (n_devices, per_device, ...)``."""
+    return jtu.tree_map(lambda x: x.reshape((layout.n_devices, layout.per_device) + x.shape[1:]), tree)
+
+
+def reshape_from_devices(tree, layout: Layout):
+    """``(n_devices, per_device, ...) -> (n_padded, ...)``."""
+    return jtu.tree_map(lambda x: x.reshape((layout.padded,) + x.shape[2:]), tree)
+
+
+def divide(tree, n: int):
+    """``tree * (1 / n)`` (the scaling :func:`~shardvi.parallel.fixed_order_mean` uses)."""
+    return jtu.tree_map(lambda x: x * (1.0 / n), tree)
+

@@ -1,0 +1,135 @@
+"""``jit`` strategy: GSPMD partitioning through ``jax.jit`` in/out shardings."""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from ._base import MultiDevice, divide, masked_local_sum, reshape_from_devices, reshape_to_devices
+from .mesh import replicated, sharded
+from .strategy import check_in_axes, chunked_apply, register_strategy
+
+__all__ = ["JitSharding", "unpartitionable_primitives"]
+
+#: primitives XLA's SPMD partitioner replicates instead of splitting along the batch
+_UNPARTITIONED = ("fft", "custom_call", "ffi_call", "pure_callback", "nufft")
+
+
+def unpartitionable_primitives(jaxpr) -> set:
+    """Names of primitives in ``jaxpr`` (recursively) that GSPMD runs replicated (FFT, custom calls)."""
+    found = set()
+
+    def visit(j):
+        for eqn in j.eqns:
+            name = eqn.primitive.name
+            if any(tag in name for tag in _UNPARTITIONED):
+                found.add(name)
+            for v in eqn.params.values():
+                for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        visit(inner)
+    visit(jaxpr)
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class JitSharding(MultiDevice):
+    """Let XLA's GSPMD partitioner split the samples (``jax.jit`` with shardings).
+
+    The padded sample axis is reshaped to ``(len(devices), per_device, ...)``
+    and ``vmap``-ed over the device axis inside a ``jax.jit`` whose
+    ``in_shardings``/``out_shardings`` split that axis over a 1-D mesh.
+
+    Notes
+    -----
+    GSPMD partitions one *batched* program, so the per-sample ``while_loop``
+    solvers run in lockstep on all devices: the loop condition contains an
+    all-reduce and every device iterates until the slowest sample anywhere
+    has converged (finished samples are frozen, so results are unchanged).
+    :class:`~shardvi.parallel.ShardMap` and :class:`~shardvi.parallel.Pmap`
+    let each device stop on its own. GSPMD also cannot split opaque custom
+    calls (e.g. jax-finufft's NUFFT) nor, in this XLA version, FFTs: it
+    all-gathers the batch and runs all samples on every device — slow, and
+    the FFT then sees another batch size than on one device, so results can
+    differ in the last bits (mapping such a function warns). Use
+    :class:`~shardvi.parallel.ShardMap` or :class:`~shardvi.parallel.Pmap`
+    for such models.
+
+    Parameters
+    ----------
+    devices : sequence of jax.Device, optional
+        Devices of the mesh (default: all ``jax.devices()`` at call time).
+    chunk_size : int
+        Samples per vectorized step on each device.
+    reduce : {"fixed", "psum"}
+        ``"fixed"`` (default): all-gather + fixed-order sum, bitwise
+        reproducible; ``"psum"``: per-device sums reduced by an all-reduce.
+    pad : bool
+        Pad unplaceable sample counts with masked copies (default) or raise.
+    """
+
+    devices: Optional[Sequence] = None
+    chunk_size: int = 1
+    reduce: str = "fixed"
+    pad: bool = True
+    name: str = dataclasses.field(default="jit", init=False)
+
+    def __post_init__(self):
+        self._validate()
+
+    def _jit(self, per_device_fn, in_axes, out_sharding):
+        mesh = self.mesh
+        in_shardings = tuple(sharded(mesh) if ax == 0 else replicated(mesh) for ax in in_axes)
+        batched = jax.vmap(per_device_fn, in_axes=tuple(in_axes))
+        return jax.jit(batched, in_shardings=in_shardings, out_shardings=out_sharding)
+
+    def _warn_unpartitionable(self, fn, in_axes, args):
+        if len(self.resolved_devices) < 2:
+            return
+        check_in_axes(in_axes, len(args))
+        example = [jax.tree.map(lambda x: x[0], a) if ax == 0 else a for a, ax in zip(args, in_axes)]
+        found = sorted(unpartitionable_primitives(jax.make_jaxpr(fn)(*example).jaxpr))
+        if found:
+            warnings.warn(
+                f"JitSharding: the per-sample function uses {found}, which XLA's SPMD partitioner does not split: "
+                f"every device all-gathers the batch and computes all samples (slow), and results can differ in "
+                f"the last bits from 1-device runs. Use ShardMap or Pmap for such models.", UserWarning,
+                stacklevel=3)
+
+    def map(self, fn, in_axes):
+        """Stacked per-sample outputs (padding dropped, replicated over the mesh)."""
+        def mapped(*args):
+            self._warn_unpartitionable(fn, in_axes, args)
+            layout, padded = self._prepare(args, in_axes)
+            split = [reshape_to_devices(a, layout) if ax == 0 else a for a, ax in zip(padded, in_axes)]
+            per_device = lambda *local: chunked_apply(fn, in_axes, local, self.chunk_size)  # noqa: E731
+            out = self._jit(per_device, in_axes, sharded(self.mesh))(*split)
+            return self._finish(reshape_from_devices(out, layout), layout)
+        return mapped
+
+    def map_mean(self, fn, in_axes):
+        """Mean of ``fn`` over the samples (``reduce="psum"``: per-device sums, then an all-reduce)."""
+        if self.reduce == "fixed":
+            return lambda *args: self.mean(self.map(fn, in_axes)(*args))
+
+        def mm(*args):
+            self._warn_unpartitionable(fn, in_axes, args)
+            layout, padded = self._prepare(args, in_axes)
+            split = [reshape_to_devices(a, layout) if ax == 0 else a for a, ax in zip(padded, in_axes)]
+            axes = tuple(in_axes) + (0,)
+
+            def per_device(*local):
+                *local, d = local
+                vals = chunked_apply(fn, in_axes, tuple(local), self.chunk_size)
+                return masked_local_sum(vals, layout, d)
+            parts = self._jit(per_device, axes, sharded(self.mesh))(*split, jnp.arange(layout.n_devices))
+            total = jax.tree_util.tree_map(lambda x: jnp.sum(x, axis=0), parts)
+            return jax.lax.with_sharding_constraint(divide(total, layout.n), replicated(self.mesh))
+        return mm
+
+
+register_strategy("jit", JitSharding)

@@ -1,0 +1,182 @@
+"""Bitwise reproducibility across device counts: programs XLA compiles to the same arithmetic.
+
+A strategy computes the same per-sample values in a single-device program
+(``vmap``) and in the per-device part of an SPMD program (``shard_map``,
+``pmap``, GSPMD ``jit``). XLA optimizes those programs differently, and two
+kinds of rewrites change floating-point results:
+
+1. Constant folding and reassociation (:func:`opaque_constants`). XLA's
+algebraic simplifier rewrites arithmetic on compile-time constants, e.g.
+``(x * c1) * c2 -> x * (c1 * c2)``, and hoists and folds constant
+subexpressions out of loops. Whether a rewrite fires depends on the
+surrounding program, so the same per-sample math differs in the last bits
+between programs — and the per-sample solvers amplify that to ~1e-9. Passing
+every floating-point constant (model data, noise, masks, literals such as
+``0.8`` in ``0.8 * x``) through ``lax.optimization_barrier`` keeps XLA from
+treating it as a constant during simplification; the arithmetic is then
+evaluated as written, identically in every program.
+
+The rewrite works on the jaxpr, recursively into the jaxprs of control flow
+(``while``, ``cond``, ``scan``, nested ``jit``, ``shard_map``, custom
+derivatives' primal jaxprs). It changes no values: a barrier is the identity.
+
+2. Rewrites that depend on common-subexpression elimination. The SPMD
+pipeline runs CSE before the main simplification, the single-device one
+after; heuristics such as ``A / broadcast(b) -> A * broadcast(1 / b)`` fire
+only when ``b`` has a single user, so the same HLO ends up with a division
+in one program and a multiplication by a reciprocal in the other.
+:data:`REPRODUCIBLE_COMPILER_OPTIONS` disables XLA's CSE pass for the
+compiled engine steps.
+
+:func:`reproducible_jit` combines both; :class:`~shardvi.OptimizeVI` compiles
+its sampling and KL steps with it (for every strategy: in the fast mode
+``reduce="psum"`` the cross-device sums are then the only difference). The
+remaining ingredients live in :func:`~shardvi.parallel.chunked_apply`: fixed
+chunk shapes, a loop trip count hidden from XLA and a spare chunk (so a
+one-chunk loop is not inlined into its context). Verified for jax 0.10.2 on
+XLA:CPU (``tests/test_parallel_reproducible.py``); another XLA version may
+need other measures. Cost: XLA's CSE is off and constants are not folded in
+these steps (see ``BENCHMARKS.md``).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+
+import jax
+import jax.numpy as jnp
+from jax import tree_util as jtu
+
+try:  # jax internals (pinned jax version); without them the rewrite is skipped
+    from jax._src import core as _core
+    from jax._src.lax.lax import optimization_barrier_p as _barrier_p
+except Exception:  # pragma: no cover - depends on the jax version
+    _core = None
+    _barrier_p = None
+
+__all__ = ["REPRODUCIBLE_COMPILER_OPTIONS", "opaque_constants", "opaque_per_sample", "reproducible_jit"]
+
+#: XLA options for bitwise reproducible engine steps (see the module docstring).
+REPRODUCIBLE_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "cse"}
+
+
+def _inexact(aval) -> bool:
+    dtype = getattr(aval, "dtype", None)
+    return dtype is not None and jnp.issubdtype(dtype, jnp.inexact)
+
+
+def _barrier_eqn(invar, aval):
+    out = _core.Var(aval)
+    eqn = _core.new_jaxpr_eqn([invar], [out], _barrier_p, {}, _core.no_effects)
+    return out, eqn
+
+
+def _rewrite_param(value):
+    if isinstance(value, _core.ClosedJaxpr):
+        return _core.ClosedJaxpr(_rewrite_jaxpr(value.jaxpr), value.consts)
+    if isinstance(value, _core.Jaxpr):
+        return _rewrite_jaxpr(value)
+    if type(value) is tuple:  # noqa: E721 - not NamedTuples (e.g. a PRNG implementation)
+        return tuple(_rewrite_param(v) for v in value)
+    if type(value) is list:  # noqa: E721
+        return [_rewrite_param(v) for v in value]
+    return value
+
+
+def _rewrite_jaxpr(jaxpr):
+    eqns = []
+    subst = {}
+    for v in jaxpr.constvars:
+        if _inexact(v.aval):
+            nv, eqn = _barrier_eqn(v, v.aval)
+            subst[v] = nv
+            eqns.append(eqn)
+    for eqn in jaxpr.eqns:
+        invars = []
+        for x in eqn.invars:
+            if isinstance(x, _core.Literal):
+                if _inexact(x.aval) and eqn.primitive is not _barrier_p:
+                    nv, beqn = _barrier_eqn(x, x.aval)
+                    eqns.append(beqn)
+                    invars.append(nv)
+                else:
+                    invars.append(x)
+            else:
+                invars.append(subst.get(x, x))
+        params = {k: _rewrite_param(v) for k, v in eqn.params.items()}
+        eqns.append(eqn.replace(invars=invars, params=params))
+    outvars = [x if isinstance(x, _core.Literal) else subst.get(x, x) for x in jaxpr.outvars]
+    return jaxpr.replace(eqns=eqns, outvars=outvars)
+
+
+def _rewrite(closed):
+    if _core is None:
+        return closed.jaxpr
+    try:
+        return _rewrite_jaxpr(closed.jaxpr)
+    except Exception:  # pragma: no cover - unknown jaxpr structure: keep the original program
+        return closed.jaxpr
+
+
+def opaque_per_sample(one, example):
+    """Trace ``one`` (per-sample function) and return ``(consts, run, out_shape)``.
+
+    ``run(consts, *x)`` evaluates the rewritten jaxpr (which puts its
+    floating-point constants behind optimization barriers); ``consts`` are
+    the captured values (model arrays, broadcast arguments); ``out_shape`` is the output pytree of
+    ``jax.ShapeDtypeStruct``.
+    """
+    closed, out_shape = jax.make_jaxpr(one, return_shape=True)(*example)
+    out_tree = jtu.tree_structure(out_shape)
+    jaxpr = _rewrite(closed)
+    consts = list(closed.consts)
+
+    def run(consts, *x):
+        flat = jtu.tree_leaves(x)
+        return jtu.tree_unflatten(out_tree, jax.core.eval_jaxpr(jaxpr, list(consts), *flat))
+    return consts, run, out_shape
+
+
+def opaque_constants(fn, static_argnames=()):
+    """Wrap ``fn`` so that, when traced, its floating-point constants are opaque to XLA.
+
+    Use it on the whole function that is ``jax.jit``-ed: not only the
+    per-sample work but also the code around it (e.g. a Newton-CG loop
+    calling the strategy) then compiles to the same arithmetic in a
+    single-device and in an SPMD program.
+
+    Parameters
+    ----------
+    fn : callable
+        Function of arrays (pytrees); arguments named in ``static_argnames``
+        are passed through untraced (give the same names to ``jax.jit``).
+    static_argnames : str or sequence of str
+    """
+    static = {static_argnames} if isinstance(static_argnames, str) else set(static_argnames)
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        bound = sig.bind(*args, **kwargs)
+        names = [k for k in bound.arguments if k not in static]
+        fixed = {k: v for k, v in bound.arguments.items() if k in static}
+        dynamic = [bound.arguments[k] for k in names]
+
+        def call(*dyn):
+            return fn(**dict(zip(names, dyn)), **fixed)
+        closed, out_shape = jax.make_jaxpr(call, return_shape=True)(*dynamic)
+        out = jax.core.eval_jaxpr(_rewrite(closed), list(closed.consts), *jtu.tree_leaves(dynamic))
+        return jtu.tree_unflatten(jtu.tree_structure(out_shape), out)
+    return wrapped
+
+
+def reproducible_jit(fn, **jit_kwargs):
+    """``jax.jit`` with :func:`opaque_constants` and :data:`REPRODUCIBLE_COMPILER_OPTIONS`.
+
+    Static arguments must be given by name (``static_argnames``); pytrees of
+    arrays are the other arguments.
+    """
+    options = dict(REPRODUCIBLE_COMPILER_OPTIONS)
+    options.update(jit_kwargs.pop("compiler_options", None) or {})
+    return jax.jit(opaque_constants(fn, jit_kwargs.get("static_argnames", ())), compiler_options=options,
+                   **jit_kwargs)

@@ -1,0 +1,75 @@
+"""Multi-process runs: two processes on 127.0.0.1 (2 CPU devices each) give bitwise the one-process result."""
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import shardvi as sv
+from _parallel_problem import final_arrays, reference_steps
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TIMEOUT = 180  # seconds for both processes together
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_two_processes(strategy, out):
+    port = _free_port()
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(HERE), HERE, os.environ.get("PYTHONPATH", "")]))
+    env.pop("XLA_FLAGS", None)
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "_distributed_worker.py"), str(port), str(i),
+                               out, strategy], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=TIMEOUT)[0])
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        pytest.fail(f"two-process run did not finish within {TIMEOUT} s")
+    for i, (p, log) in enumerate(zip(procs, logs)):
+        assert p.returncode == 0, f"process {i} failed:\n{log[-3000:]}"
+
+
+@pytest.mark.parametrize("strategy", ["shard_map"])
+def test_two_processes_bitwise_equal_to_one_process(tmp_path, strategy):
+    out = str(tmp_path / "result.npz")
+    _run_two_processes(strategy, out)
+    got = np.load(out)
+    steps, _ = reference_steps()
+    ref = final_arrays(*steps[-1])
+    assert len(got.files) == len(ref)
+    for i, b in enumerate(ref):
+        a = got[f"arr_{i}"]
+        assert a.shape == b.shape and np.array_equal(a, b), f"array {i} differs"
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    (dict(coordinator_address="localhost", num_processes=2, process_id=0), ValueError, "host:port"),
+    (dict(coordinator_address="127.0.0.1:1234", num_processes=0, process_id=0), ValueError, "num_processes"),
+    (dict(coordinator_address="127.0.0.1:1234", num_processes=2, process_id=2), ValueError, "process_id"),
+    (dict(coordinator_address="127.0.0.1:1234", num_processes=2, process_id=0, local_device_count=0),
+     ValueError, "local_device_count"),
+    (dict(coordinator_address="127.0.0.1:1234", num_processes=2, process_id=0, bind_address=5), ValueError,
+     "bind_address"),
+])
+def test_initialize_distributed_rejects_bad_arguments(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        sv.parallel.initialize_distributed(**kwargs)
+
+
+def test_initialize_distributed_after_jax_use_is_a_clear_error():
+    jax.devices()  # this test process has long been initialized
+    with pytest.raises(RuntimeError, match="before any JAX computation"):
+        sv.parallel.initialize_distributed("127.0.0.1:1234", num_processes=2, process_id=0, local_device_count=2)
+    assert not sv.parallel.is_distributed()
