@@ -14,10 +14,10 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	JAX_PLATFORMS=cpu $(PY) demos/wiener_filter_1d.py --output demo_output
+	JAX_PLATFORMS=cpu $(PY) demos/correlated_field_2d.py --output demo_output/correlated_field_2d
 
 test: $(STAMP)
-	JAX_PLATFORMS=cpu $(PY) -m pytest -q tests
+	JAX_PLATFORMS=cpu $(PY) -m pytest -q -n 2 tests
 
 clean:
 	rm -rf $(VENV) demo_output .pytest_cache

@@ -34,7 +34,7 @@ def _np(x):
 
 
 def plot_reconstruction(mean, std, *, truth=None, data=None, data_coords=None, title: str = "",
-                        path: Optional[str] = None):
+                        data_label: str = "data", path: Optional[str] = None):
     """Truth, data, posterior mean and posterior std.
 
     Parameters
@@ -45,7 +45,9 @@ def plot_reconstruction(mean, std, *, truth=None, data=None, data_coords=None, t
         Ground truth, same shape.
     data : array, optional
         1-D: data values at ``data_coords`` (pixel indices); 2-D: an image
-        (NaN where unobserved).
+        (NaN where unobserved), e.g. a dirty image.
+    data_label : str
+        Legend entry / panel title of ``data``.
     """
     mean, std, truth, data = map(_np, (mean, std, truth, data))
     if mean.ndim == 1:
@@ -53,7 +55,7 @@ def plot_reconstruction(mean, std, *, truth=None, data=None, data_coords=None, t
         x = np.arange(mean.size)
         if data is not None:
             xc = np.arange(data.size) if data_coords is None else np.asarray(data_coords)
-            ax.plot(xc, data, ".", color="0.6", ms=3, label="data")
+            ax.plot(xc, data, ".", color="0.6", ms=3, label=data_label)
         if truth is not None:
             ax.plot(x, truth, "k-", lw=1.2, label="truth")
         ax.plot(x, mean, "C0-", lw=1.5, label="posterior mean")
@@ -62,7 +64,7 @@ def plot_reconstruction(mean, std, *, truth=None, data=None, data_coords=None, t
         ax.set_xlabel("pixel")
         ax.set_title(title)
         return save(fig, path)
-    panels = [("truth", truth), ("data", data), ("posterior mean", mean), ("posterior std", std)]
+    panels = [("truth", truth), (data_label, data), ("posterior mean", mean), ("posterior std", std)]
     panels = [(n, a) for n, a in panels if a is not None]
     if truth is not None:
         panels.append(("|mean - truth| / std", np.abs(mean - truth) / std))
@@ -83,7 +85,11 @@ def plot_reconstruction(mean, std, *, truth=None, data=None, data_coords=None, t
 
 
 def plot_samples(samples, *, truth=None, max_samples: int = 6, title: str = "", path: Optional[str] = None):
-    """Individual posterior samples (leading axis), 1-D lines or 2-D images."""
+    """Individual posterior samples (leading axis), 1-D lines or 2-D images.
+
+    2-D: the images (and ``truth`` as a first panel, if given) share one colour
+    scale and colour bar.
+    """
     samples, truth = _np(samples), _np(truth)
     samples = samples[:max_samples]
     if samples.ndim == 2:
@@ -95,12 +101,16 @@ def plot_samples(samples, *, truth=None, max_samples: int = 6, title: str = "", 
         ax.legend(fontsize=8)
         ax.set_title(title)
         return save(fig, path)
-    fig, axes = plt.subplots(1, len(samples), figsize=(3 * len(samples), 3))
-    for i, (ax, s) in enumerate(zip(np.atleast_1d(axes), samples)):
-        ax.imshow(s.T, origin="lower")
-        ax.set_title(f"sample {i}", fontsize=9)
+    panels = ([("truth", truth)] if truth is not None else []) + [(f"sample {i}", s) for i, s in enumerate(samples)]
+    vmin = min(float(np.nanmin(a)) for _, a in panels)
+    vmax = max(float(np.nanmax(a)) for _, a in panels)
+    fig, axes = plt.subplots(1, len(panels), figsize=(3 * len(panels) + 0.6, 3), squeeze=False)
+    for ax, (name, img) in zip(axes[0], panels):
+        im = ax.imshow(img.T, origin="lower", vmin=vmin, vmax=vmax)
+        ax.set_title(name, fontsize=9)
         ax.set_xticks([])
         ax.set_yticks([])
+    fig.colorbar(im, ax=list(axes[0]), fraction=0.02, pad=0.01)
     fig.suptitle(title)
     return save(fig, path)
 

@@ -1,0 +1,116 @@
+"""Shared pieces of the demos: argument checks, CPU device set-up, strategies, summaries.
+
+Imported by the demo scripts (``demos/`` is on ``sys.path`` when a script runs
+as ``python demos/NAME.py``; the scripts add it themselves otherwise).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+import numpy as np
+
+__all__ = ["STRATEGIES", "add_common_flags", "check_common", "check_positive", "setup_devices", "make_strategy",
+           "diff_stats", "coverage", "setup_logging", "png_path"]
+
+STRATEGIES = ("vmap", "lax_map", "shard_map", "pmap", "jit")
+
+
+def add_common_flags(ap: argparse.ArgumentParser, *, samples: int, iterations: int, seed: int, output: str,
+                     strategy: str = "vmap", devices: int = 1) -> None:
+    """``--n-samples --iterations --strategy --devices --seed --output`` with the given defaults."""
+    ap.add_argument("--n-samples", type=int, default=samples,
+                    help=f"antithetic sample pairs per iteration (default {samples})")
+    ap.add_argument("--iterations", type=int, default=iterations,
+                    help=f"global MGVI/geoVI iterations (default {iterations})")
+    ap.add_argument("--strategy", default=strategy,
+                    help=f"sample_map/kl_map strategy, one of {STRATEGIES} (default {strategy})")
+    ap.add_argument("--devices", type=int, default=devices,
+                    help=f"number of devices; on CPU that many are forced (default {devices})")
+    ap.add_argument("--seed", type=int, default=seed, help=f"seed of truth, noise and samples (default {seed})")
+    ap.add_argument("--output", default=output, help=f"folder for the PNG figures (default {output})")
+    ap.add_argument("--quiet", action="store_true", help="no per-iteration log lines")
+
+
+def check_positive(value, flag: str, minimum: int = 1) -> int:
+    """``value`` as an int ``>= minimum``, else ``ValueError`` naming ``flag``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{flag} must be an int >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_common(args) -> None:
+    """Validate the flags added by :func:`add_common_flags` (``ValueError`` naming the flag)."""
+    check_positive(args.n_samples, "--n-samples")
+    check_positive(args.iterations, "--iterations")
+    check_positive(args.devices, "--devices")
+    check_positive(args.seed, "--seed", minimum=0)
+    if args.strategy not in STRATEGIES:
+        raise ValueError(f"--strategy must be one of {STRATEGIES}, got {args.strategy!r}")
+    if args.strategy in ("vmap", "lax_map") and args.devices > 1:
+        raise ValueError(f"--strategy {args.strategy} runs on one device; use shard_map, pmap or jit with "
+                         f"--devices {args.devices}")
+    if not args.output:
+        raise ValueError("--output must be a folder path, got an empty string")
+
+
+def setup_devices(n: int, flag: str = "--devices"):
+    """Make ``n`` devices available and return the first ``n``.
+
+    On CPU (``JAX_PLATFORMS`` unset or ``cpu``) ``n`` host devices are forced with
+    ``jax_num_cpu_devices``; that works only before the first JAX computation of the
+    process, so in a process that already runs JAX the existing devices are used.
+    """
+    import jax
+    if os.environ.get("JAX_PLATFORMS", "cpu") in ("cpu", ""):
+        try:
+            if n > 1:
+                jax.config.update("jax_num_cpu_devices", n)
+        except RuntimeError:
+            pass        # backend already initialized: use what exists
+    devices = jax.devices()
+    if len(devices) < n:
+        raise ValueError(f"{flag}={n} but only {len(devices)} {devices[0].platform} device(s) exist; on CPU "
+                         f"run the demo in a fresh process (devices are forced before the first JAX op)")
+    return list(devices[:n])
+
+
+def make_strategy(name: str, devices):
+    """A reproducible-mode strategy object (chunk size 1) on ``devices``."""
+    from shardvi import parallel
+    if name == "vmap":
+        return parallel.Vmap()
+    if name == "lax_map":
+        return parallel.LaxMap()
+    cls = {"shard_map": parallel.ShardMap, "pmap": parallel.Pmap, "jit": parallel.JitSharding}[name]
+    return cls(devices=tuple(devices))
+
+
+def diff_stats(a, b) -> dict:
+    """Max absolute and relative (to ``max|b|``) difference and bitwise equality of two arrays."""
+    a, b = np.asarray(a), np.asarray(b)
+    abs_ = float(np.max(np.abs(a - b))) if a.size else 0.0
+    scale = float(np.max(np.abs(b))) if b.size else 0.0
+    return {"max_abs": abs_, "max_rel": abs_ / scale if scale > 0 else abs_,
+            "bitwise_equal": bool(np.array_equal(a, b))}
+
+
+def coverage(truth, mean, std, k: float = 2.0, where=None) -> float:
+    """Fraction of pixels (optionally only where ``where`` is True) with ``|truth - mean| <= k * std``."""
+    inside = np.abs(np.asarray(truth) - np.asarray(mean)) <= k * np.asarray(std)
+    if where is not None:
+        inside = inside[np.asarray(where, bool)]
+    return float(np.mean(inside))
+
+
+def setup_logging(quiet: bool) -> None:
+    """Log the engine's per-iteration lines (logger ``shardvi``) unless ``quiet``."""
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("shardvi").setLevel(logging.WARNING if quiet else logging.INFO)
+
+
+def png_path(folder: str, name: str) -> str:
+    """``folder/name`` (the folder is created)."""
+    os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, name)

@@ -1,0 +1,123 @@
+"""The demos run at small sizes, meet their checks and write valid PNG figures.
+
+Each demo's ``main(argv)`` is called in this process (float64 and 4 forced CPU devices
+from conftest); ``main`` returns the exit status: 0 only if the demo's own checks held.
+"""
+import importlib.util
+import logging
+import os
+import re
+import sys
+
+import matplotlib.image
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMOS = os.path.join(ROOT, "demos")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(autouse=True)
+def _restore_shardvi_log_level():
+    """The demos set the ``shardvi`` logger's level (``--quiet``); keep other tests unaffected."""
+    logger = logging.getLogger("shardvi")
+    level = logger.level
+    yield
+    logger.setLevel(level)
+
+
+def load(name):
+    """Import ``demos/<name>.py`` as a module (the demos import their siblings from ``demos/``)."""
+    if DEMOS not in sys.path:
+        sys.path.insert(0, DEMOS)
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, os.path.join(DEMOS, name + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def assert_pngs(folder, names):
+    for name in names:
+        path = os.path.join(folder, name)
+        assert os.path.getsize(path) > 1000, name
+        with open(path, "rb") as f:
+            assert f.read(8) == PNG_MAGIC, name
+        img = matplotlib.image.imread(path)
+        assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100, (name, img.shape)
+        assert img.std() > 0, f"{name} is blank"
+
+
+def number(pattern, text):
+    m = re.search(pattern, text)
+    assert m, f"{pattern!r} not in output:\n{text}"
+    return float(m.group(1))
+
+
+def test_flagship_meets_chi2_and_coverage(tmp_path, capsys):
+    demo = load("correlated_field_2d")
+    status = demo.main(["--npix", "48", "--n-samples", "8", "--iterations", "6", "--seed", "0", "--quiet",
+                        "--output", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    chi2 = number(r"reduced chi\^2 of the likelihood residual .*?: ([0-9.]+)", out)
+    cov = number(r"truth within posterior mean \+- 2 std: ([0-9.]+) %", out)
+    assert abs(chi2 - 1) <= demo.CHI2_TOL and cov >= 100 * demo.COVERAGE_MIN
+    assert "checks passed" in out
+    assert_pngs(tmp_path, ["reconstruction.png", "samples.png", "power_spectrum.png", "convergence.png"])
+
+
+def test_checks_reject_bad_results():
+    check = load("correlated_field_2d").check
+    assert check(1.05, 0.93) == []
+    assert [m.split()[0] for m in check(1.2, 0.93)] == ["reduced"]
+    assert [m.split()[0] for m in check(0.85, 0.5)] == ["reduced", "2-sigma"]
+    assert len(check(float("nan"), float("nan"))) == 2
+    radio_check = load("radio_imaging").check
+    assert radio_check(1.1, 0.99, 0.8) == []
+    assert len(radio_check(1.5, 0.7, 0.8)) == 2
+
+
+def test_radio_imaging(tmp_path, capsys):
+    demo = load("radio_imaging")
+    status = demo.main(["--npix", "32", "--antennas", "8", "--times", "8", "--n-samples", "2", "--iterations", "3",
+                        "--linear-iterations", "3", "--quiet", "--output", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    c_mean = number(r"correlation with the truth: posterior mean ([0-9.-]+)", out)
+    c_dirty = number(r"dirty image ([0-9.-]+)", out)
+    assert c_mean > c_dirty
+    assert_pngs(tmp_path, ["reconstruction.png", "samples.png", "uv_coverage.png", "convergence.png"])
+
+
+def test_multi_device_comparison_is_bitwise(tmp_path, capsys):
+    demo = load("multi_device_comparison")
+    status = demo.main(["--devices", "4", "--strategy", "shard_map", "--npix", "16", "--n-samples", "3",
+                        "--iterations", "1", "--linear-iterations", "1", "--quiet", "--output", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    for key in ("samples", "mean", "std", "kl_energy"):
+        assert re.search(rf"^{key}\s+0\.000e\+00\s+0\.000e\+00\s+yes$", out, re.M), out
+    assert_pngs(tmp_path, ["comparison.png"])
+
+
+@pytest.mark.parametrize("name, argv, flag", [
+    ("correlated_field_2d", ["--npix", "4"], "--npix"),
+    ("correlated_field_2d", ["--n-samples", "0"], "--n-samples"),
+    ("correlated_field_2d", ["--strategy", "nope"], "--strategy"),
+    ("correlated_field_2d", ["--strategy", "vmap", "--devices", "2"], "--strategy vmap"),
+    ("correlated_field_2d", ["--iterations", "2", "--linear-iterations", "3"], "--linear-iterations"),
+    ("correlated_field_2d", ["--noise-std", "-1"], "--noise-std"),
+    ("radio_imaging", ["--antennas", "2"], "--antennas"),
+    ("radio_imaging", ["--noise-level", "0"], "--noise-level"),
+    ("multi_device_comparison", ["--strategy", "vmap"], "--strategy"),
+    ("multi_device_comparison", ["--devices", "1"], "--devices"),
+    ("multi_device_comparison", ["--reduce", "sum"], "--reduce"),
+    ("multi_device_comparison", ["--devices", "64"], "--devices=64"),
+])
+def test_bad_flags_name_the_argument(name, argv, flag, tmp_path):
+    demo = load(name)
+    with pytest.raises(ValueError, match=re.escape(flag)):
+        demo.main(argv + ["--output", str(tmp_path)])
