@@ -107,7 +107,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
 
-SHARDVI_CONFIGS = ("vmap", "vmap-all", "vmap+plainjit", "vmap-all+plainjit")
+SHARDVI_CONFIGS = ("vmap", "vmap-all", "vmap+plainjit", "vmap-all+plainjit", "shard_map-2cpu")
 NIFTY_CONFIGS = ("default", "jit-lmap", "jit-vmap", "jit-smap")
 DEFAULT_NIFTY = ("default", "jit-lmap", "jit-vmap")
 
@@ -133,7 +133,10 @@ def child_shardvi(args, problem, clock):
         assert okl.reproducible_jit is not None and hasattr(okl, "OptimizeVI")
         okl.reproducible_jit = lambda fn, **kw: jax.jit(fn, **kw)
     base = args.config.split("+")[0]
-    strategy = sv.parallel.Vmap() if base == "vmap" else sv.parallel.Vmap(chunk_size=None)
+    if base == "shard_map-2cpu":  # samples spread over 2 forced CPU devices (one per core), chunk 1
+        strategy = sv.parallel.ShardMap(devices=jax.devices()[:2])
+    else:
+        strategy = sv.parallel.Vmap() if base == "vmap" else sv.parallel.Vmap(chunk_size=None)
     s = _solver_settings(args, problem.n_latent)
     inner = sv.CGConfig(tol=0.5, miniter=s["miniter"], maxiter=s["inner_maxiter"])
     lh = problem.shardvi_likelihood()
@@ -249,6 +252,8 @@ class Clock:
 
 def child_main(args):
     jax = C.setup_jax()
+    if args.config.startswith("shard_map-2cpu"):
+        jax.config.update("jax_num_cpu_devices", 2)  # before any JAX op
     cs = C.CompileStats()
     problem = C.Problem(args.shape, noise_std=args.noise_std, seed=args.seed, link=args.link, model=args.model)
     jax.block_until_ready(problem.data)

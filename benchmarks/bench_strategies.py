@@ -61,7 +61,11 @@ class _PlainJit:
     """Compile the engine steps with a plain ``jax.jit`` (no reproducibility measures) for one row."""
 
     def __enter__(self):
-        import shardvi.vi.optimize_kl as okl
+        import importlib
+        # the module: ``import shardvi.vi.optimize_kl as okl`` would bind the function that shardvi.vi
+        # re-exports under the submodule's name, and patching it would change nothing
+        okl = importlib.import_module("shardvi.vi.optimize_kl")
+        assert hasattr(okl, "OptimizeVI") and okl.reproducible_jit is not None
         self._mod, self._saved = okl, okl.reproducible_jit
         okl.reproducible_jit = lambda fn, **kw: jax.jit(fn, **kw)
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import shardvi as sv
+from shardvi import tree_math
 
 N_LAT, N_DATA, NOISE = 12, 9, 0.3
 
@@ -84,3 +85,29 @@ def test_linear_sample_covariance(problem):
     w = np.linalg.cholesky(np.linalg.inv(post_cov))
     white = w.T @ emp @ w
     assert np.max(np.abs(white - np.eye(N_LAT))) < 6 * np.sqrt(2.0 / n)
+
+
+def test_linear_sample_cg_starts_at_prior_part():
+    """The sampling CG starts at ``e2``: directions the data do not see keep the exact prior draw.
+
+    The model reads only the first half of the latent vector, so ``M = I`` on the
+    second half and the exact residual there is ``e2``. Started at ``e2`` every CG
+    iterate has it exactly, even after one iteration; started at 0 a single CG step
+    would give ``alpha * e2`` (a shrunken, i.e. too narrow, sample).
+    """
+    half = N_LAT // 2
+    rng = np.random.default_rng(3)
+    R = jnp.asarray(rng.normal(size=(N_DATA, half)))
+    model = sv.Model(lambda xi: R @ xi[:half], jax.ShapeDtypeStruct((N_LAT,), jnp.float64))
+    lh = sv.Gaussian(jnp.asarray(rng.normal(size=N_DATA)), noise_std=NOISE).amend(model)
+    pos = jnp.zeros(N_LAT)
+    keys = jax.random.split(jax.random.PRNGKey(11), 2000)
+    one_step = sv.CGConfig(tol=None, miniter=1, maxiter=1)
+    draw = jax.jit(jax.vmap(lambda k: sv.draw_linear_residual(lh, pos, k, one_step)[0]))
+    r = np.asarray(draw(keys))
+    dom = jax.ShapeDtypeStruct((N_LAT,), jnp.float64)
+    e2 = np.asarray(jax.vmap(lambda k: tree_math.random_like(jax.random.split(k)[1], dom))(keys))
+    np.testing.assert_array_equal(r[:, half:], e2[:, half:])
+    # and so the unseen half has the prior's unit variance (4 sigma for 2000 samples x 6 entries)
+    var = np.var(r[:, half:], axis=0)
+    assert np.all(np.abs(var - 1.0) <= 4 * np.sqrt(2.0 / 2000))

@@ -128,11 +128,12 @@ def newton_cg(fun_and_grad: Callable, hessp: Callable, x0, config: NewtonCGConfi
         p = tm.where(descent, p, tm.scale(-1.0, s.g))
         slope = jnp.where(descent, slope, -gnorm**2)
 
-        # backtracking line search on the Armijo condition
+        # backtracking line search on the Armijo condition: step 2**-k, k = 0, 1, ...; the loop starts at
+        # k = -1 (nothing evaluated yet) so that fun_and_grad is traced once here, not twice
         def ls_cond(c):
             k, _, f_new, _ = c
             bad = ~jnp.isfinite(f_new) | (f_new > s.f + _ARMIJO_C1 * half**k * slope)
-            return bad & (k < config.max_line_search_steps)
+            return (k < 0) | (bad & (k < config.max_line_search_steps))
 
         def ls_body(c):
             k = c[0] + 1
@@ -140,9 +141,7 @@ def newton_cg(fun_and_grad: Callable, hessp: Callable, x0, config: NewtonCGConfi
             f_new, g_new = fun_and_grad(x_new)
             return k, x_new, f_new, g_new
 
-        x1 = tm.add(s.x, p)
-        f1, g1 = fun_and_grad(x1)
-        k, x_new, f_new, g_new = jax.lax.while_loop(ls_cond, ls_body, (jnp.zeros((), jnp.int32), x1, f1, g1))
+        k, x_new, f_new, g_new = jax.lax.while_loop(ls_cond, ls_body, (-jnp.ones((), jnp.int32), s.x, s.f, s.g))
         ls_ok = jnp.isfinite(f_new) & (f_new <= s.f + _ARMIJO_C1 * half**k * slope)
         finite = ls_ok & tm.all_finite(g_new)
         step = tm.scale(half**k, p)

@@ -26,7 +26,11 @@ after; heuristics such as ``A / broadcast(b) -> A * broadcast(1 / b)`` fire
 only when ``b`` has a single user, so the same HLO ends up with a division
 in one program and a multiplication by a reciprocal in the other.
 :data:`REPRODUCIBLE_COMPILER_OPTIONS` disables XLA's CSE pass for the
-compiled engine steps.
+compiled engine steps. The same rewrite also fires in SPMD programs when the
+divisor is an array-wide broadcast of a scalar computed in the program (the
+correlated field's normalizations, ``t / t[-1]``); :func:`opaque_constants`
+therefore writes every ``array / scalar`` as ``array * (1 / scalar)`` itself,
+so that no program has a division left for XLA to rewrite.
 
 :func:`reproducible_jit` combines both; :class:`~shardvi.OptimizeVI` compiles
 its sampling and KL steps with it (for every strategy: in the fast mode
@@ -45,10 +49,13 @@ import inspect
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import tree_util as jtu
 
 try:  # jax internals (pinned jax version); without them the rewrite is skipped
     from jax._src import core as _core
+    from jax._src.lax.lax import div_p as _div_p
+    from jax._src.lax.lax import mul_p as _mul_p
     from jax._src.lax.lax import optimization_barrier_p as _barrier_p
 except Exception:  # pragma: no cover - depends on the jax version
     _core = None
@@ -83,6 +90,16 @@ def _rewrite_param(value):
     return value
 
 
+def _reciprocal_multiply(eqn, a, b):
+    """Eqns for ``a * (1 / b)`` replacing ``a / b`` with a scalar ``b`` (same outvar)."""
+    aval = b.aval
+    one = _core.Literal(np.ones((), aval.dtype)[()], _core.ShapedArray((), aval.dtype))
+    one_v, one_eqn = _barrier_eqn(one, one.aval)
+    recip = _core.Var(_core.ShapedArray((), aval.dtype))
+    return [one_eqn, _core.new_jaxpr_eqn([one_v, b], [recip], _div_p, {}, _core.no_effects),
+            eqn.replace(invars=[a, recip], primitive=_mul_p, params={})]
+
+
 def _rewrite_jaxpr(jaxpr):
     eqns = []
     subst = {}
@@ -104,6 +121,12 @@ def _rewrite_jaxpr(jaxpr):
             else:
                 invars.append(subst.get(x, x))
         params = {k: _rewrite_param(v) for k, v in eqn.params.items()}
+        if (eqn.primitive is _div_p and _inexact(eqn.outvars[0].aval) and eqn.outvars[0].aval.shape
+                and not invars[1].aval.shape):
+            # array / scalar: XLA rewrites A / broadcast(b) into A * broadcast(1 / b) in some programs and
+            # not in others (depending on b's users); do it here, the same way everywhere
+            eqns.extend(_reciprocal_multiply(eqn, invars[0], invars[1]))
+            continue
         eqns.append(eqn.replace(invars=invars, params=params))
     outvars = [x if isinstance(x, _core.Literal) else subst.get(x, x) for x in jaxpr.outvars]
     return jaxpr.replace(eqns=eqns, outvars=outvars)

@@ -158,13 +158,13 @@ class OptimizeVI:
         def draw_linear(pos, keys, config):
             fn = lambda p, k: draw_linear_residual(lh, p, k, config, sample_mask=smask)  # noqa: E731
             r, info = sstrat.map(fn, (None, 0))(pos, keys)
-            return r, info.nit, info.status
+            return r, info.nit, info.status, tm.all_finite(r)
 
         def curve(pos, residuals, keys, signs, config):
             fn = lambda p, r, k, s: nonlinearly_update_residual(  # noqa: E731
                 lh, p, r, k, s, config, sample_mask=smask)
             r, info = sstrat.map(fn, (None, 0, 0, 0))(pos, residuals, keys, signs)
-            return r, info.nit, info.status
+            return r, info.nit, info.status, tm.all_finite(r)
 
         def minimize(pos, residuals, config):
             def fun_and_grad(x):
@@ -175,8 +175,11 @@ class OptimizeVI:
                 return project(omask, kl_metric(lh, x, residuals, project(omask, t), kstrat))
 
             if isinstance(config, OptaxConfig):
-                return optax_minimize(fun_and_grad, pos, config)
-            return newton_cg(fun_and_grad, hessp, pos, config)
+                res = optax_minimize(fun_and_grad, pos, config)
+            else:
+                res = newton_cg(fun_and_grad, hessp, pos, config)
+            # the finiteness check runs here, compiled with the step (not as eager ops on the host)
+            return res, tm.all_finite(res.x) & jnp.isfinite(res.fun)
 
         def diagnostics(pos, residuals):
             smp = Samples(pos, residuals)
@@ -223,22 +226,22 @@ class OptimizeVI:
         if mode.update and have_prev and n_prev == n:
             keys = samples.keys
             signs = self._signs(n)
-            r, nl_nit, st = self._curve(pos, samples.residuals, self._expand(keys), signs, config=nonlin)
-            _raise_nonfinite(r, st, iteration, "sampling (geoVI update)")
+            r, nl_nit, st, ok = self._curve(pos, samples.residuals, self._expand(keys), signs, config=nonlin)
+            _raise_nonfinite(ok, st, iteration, "sampling (geoVI update)")
             return Samples(pos, r, keys), [], np.asarray(nl_nit).tolist(), mode
         if mode.update:
             logger.info("nonlinear_update without previous samples of the same count: drawing fresh ones")
             mode = SampleMode.NONLINEAR_RESAMPLE
         reuse = (not mode.fresh_keys) and (not mode.update) and have_prev and n_prev == n
         keys = samples.keys if reuse else jax.random.split(key, n)
-        r, cg_nit, st = self._draw_linear(pos, keys, config=lin)
-        _raise_nonfinite(r, st, iteration, "sampling (MGVI linear CG)")
+        r, cg_nit, st, ok = self._draw_linear(pos, keys, config=lin)
+        _raise_nonfinite(ok, st, iteration, "sampling (MGVI linear CG)")
         if self.mirror_samples:
             r = self._interleave(r)
         nl_nit = []
         if mode.nonlinear:
-            r, nl, st = self._curve(pos, r, self._expand(keys), self._signs(n), config=nonlin)
-            _raise_nonfinite(r, st, iteration, "sampling (geoVI update)")
+            r, nl, st, ok = self._curve(pos, r, self._expand(keys), self._signs(n), config=nonlin)
+            _raise_nonfinite(ok, st, iteration, "sampling (geoVI update)")
             nl_nit = np.asarray(nl).tolist()
         return Samples(pos, r, keys), np.asarray(cg_nit).tolist(), nl_nit, mode
 
@@ -259,9 +262,8 @@ class OptimizeVI:
         key, k_samples = jax.random.split(state.key)
         samples, cg_nit, nl_nit, mode = self.draw_samples(samples, k_samples, mode, n, lin, nonlin, nit)
         samples = place(self.kl_strategy, samples)  # pos, residuals and keys on the same devices
-        res = self._minimize(samples.pos, samples.residuals, config=klc)
-        if int(res.status) == Status.NONFINITE or not bool(tm.all_finite(res.x)) \
-                or not bool(jnp.isfinite(res.fun)):
+        res, ok = self._minimize(samples.pos, samples.residuals, config=klc)
+        if int(res.status) == Status.NONFINITE or not bool(ok):
             raise NonFiniteError(nit, "KL minimization", f"the KL energy or its gradient is nan/inf "
                                  f"(status: {status_message(res.status)})")
         samples = samples.at(res.x)
@@ -323,9 +325,9 @@ class NonFiniteError(FloatingPointError):
                          f"state of iteration {iteration} (and its checkpoint, if any) are unchanged.")
 
 
-def _raise_nonfinite(tree, status, nit, stage):
+def _raise_nonfinite(finite, status, nit, stage):
     bad = np.asarray(status) == Status.NONFINITE
-    if bad.any() or not bool(tm.all_finite(tree)):
+    if bad.any() or not bool(finite):
         which = np.nonzero(bad)[0].tolist()
         raise NonFiniteError(nit, stage, f"the solver met nan/inf (sample solves {which})" if which
                              else "a residual is nan/inf")
