@@ -43,9 +43,10 @@ default both engines get ``X = --geovi-xtol = 0`` and do exactly
 Newton energy decrease (after ``miniter=6``, ``maxiter=200``); shardvi at an L2
 residual below ``min(0.5, sqrt(|g|_2)) |g|_2`` or the same energy rule
 (``miniter=6`` set to match). Line searches differ (NIFTy: halve until the
-energy does not increase; shardvi: Armijo), and NIFTy's sampling CG starts from
-the prior part of the metric sample, shardvi's from 0, so the engines do not do
-identical numbers of operator applications: the work columns report them.
+energy does not increase; shardvi: Armijo) and the engines draw different random
+numbers (both start the sampling CG at the prior part of the metric sample), so
+they do not do identical numbers of operator applications: the work columns
+report them.
 
 Per run (a fresh subprocess, so compilation and peak memory are per run):
 ``first`` wall time of iteration 1 (tracing + compilation + run); ``iter``
@@ -79,7 +80,10 @@ Engine configurations:
   samples vectorized at once); ``+plainjit``: the same with the engine steps
   compiled by plain ``jax.jit`` instead of
   ``shardvi.parallel.reproducible.reproducible_jit`` (XLA CSE on, constants
-  foldable) — the cost of the reproducibility measures.
+  foldable) — the cost of the reproducibility measures; ``shard_map-2cpu``:
+  ``ShardMap`` over 2 forced CPU devices (``jax_num_cpu_devices=2``, one per
+  core of the development machine), chunk 1 — bitwise the same results as
+  ``vmap``.
 - NIFTy.re ``default``: ``optimize_kl`` defaults (``residual_map="lmap"``:
   Python loop over samples; Python-loop CG and Newton-CG driving jitted
   operator applications; the KL metric/gradient jitted with ``kl_map=vmap``);
@@ -88,6 +92,9 @@ Engine configurations:
   ``minimize=_static_newton_cg`` (jitted sampling solvers) and
   ``residual_map`` = ``lmap`` (Python loop), ``vmap`` (vectorized) or ``smap``
   (``lax.scan``); the KL minimization stays NIFTy's Python-loop Newton-CG.
+  ``jit-pmap-2cpu``: ``residual_map="pmap"`` on 2 forced CPU devices (with
+  nifty 9.2.0 and jax 0.10.2 it fails in its first sampling step, also with
+  2 pairs on 2 devices).
 
 The NIFTy.re side runs in its own venv (``benchmarks/.venv-nifty``, made by
 ``benchmarks/setup_nifty_venv.sh``: nifty 9.x from PyPI, this project
@@ -108,7 +115,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
 
 SHARDVI_CONFIGS = ("vmap", "vmap-all", "vmap+plainjit", "vmap-all+plainjit", "shard_map-2cpu")
-NIFTY_CONFIGS = ("default", "jit-lmap", "jit-vmap", "jit-smap")
+NIFTY_CONFIGS = ("default", "jit-lmap", "jit-vmap", "jit-smap", "jit-pmap-2cpu")
 DEFAULT_NIFTY = ("default", "jit-lmap", "jit-vmap")
 
 
@@ -182,7 +189,7 @@ def child_nifty(args, problem, clock):
     kl = dict(minimize_kwargs=dict(name=None, xtol=s["delta"], maxiter=s["kl_maxiter"], cg_kwargs=inner))
     kw = {}
     if args.config != "default":
-        residual_map = args.config.split("-", 1)[1]
+        residual_map = args.config.split("-")[1]
         kw = dict(linear_minimizer_jit=True, nonlinear_minimizer_jit=True, residual_map=residual_map)
         draw["cg"] = jft.conjugate_gradient.static_cg
         curve["minimize"] = jft.optimize._static_newton_cg
@@ -252,7 +259,7 @@ class Clock:
 
 def child_main(args):
     jax = C.setup_jax()
-    if args.config.startswith("shard_map-2cpu"):
+    if args.config.startswith("shard_map-2cpu") or args.config.endswith("-2cpu"):
         jax.config.update("jax_num_cpu_devices", 2)  # before any JAX op
     cs = C.CompileStats()
     problem = C.Problem(args.shape, noise_std=args.noise_std, seed=args.seed, link=args.link, model=args.model)
