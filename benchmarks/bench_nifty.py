@@ -83,7 +83,9 @@ Engine configurations:
   foldable) — the cost of the reproducibility measures; ``shard_map-2cpu``:
   ``ShardMap`` over 2 forced CPU devices (``jax_num_cpu_devices=2``, one per
   core of the development machine), chunk 1 — bitwise the same results as
-  ``vmap``.
+  ``vmap``; ``+fusion``: the engine steps compiled with XLA:CPU's default
+  MLIR fusion emitters (``compiler_options={"xla_cpu_use_fusion_emitters":
+  True}``) instead of shardvi's default, the classic loop emitters.
 - NIFTy.re ``default``: ``optimize_kl`` defaults (``residual_map="lmap"``:
   Python loop over samples; Python-loop CG and Newton-CG driving jitted
   operator applications; the KL metric/gradient jitted with ``kl_map=vmap``);
@@ -95,6 +97,10 @@ Engine configurations:
   ``jit-pmap-2cpu``: ``residual_map="pmap"`` on 2 forced CPU devices (with
   nifty 9.2.0 and jax 0.10.2 it fails in its first sampling step, also with
   2 pairs on 2 devices).
+  ``<config>+classic``: the same with ``XLA_FLAGS=--xla_cpu_use_fusion_emitters=false``
+  in the child's environment, i.e. the XLA:CPU emitters shardvi uses for its
+  engine steps applied to every NIFTy.re program (not a NIFTy.re setting: it
+  shows how much of the memory difference is the compiler choice).
 
 The NIFTy.re side runs in its own venv (``benchmarks/.venv-nifty``, made by
 ``benchmarks/setup_nifty_venv.sh``: nifty 9.x from PyPI, this project
@@ -114,9 +120,14 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
 
-SHARDVI_CONFIGS = ("vmap", "vmap-all", "vmap+plainjit", "vmap-all+plainjit", "shard_map-2cpu")
-NIFTY_CONFIGS = ("default", "jit-lmap", "jit-vmap", "jit-smap", "jit-pmap-2cpu")
+SHARDVI_CONFIGS = ("vmap", "vmap-all", "vmap+plainjit", "vmap-all+plainjit", "shard_map-2cpu", "vmap+fusion",
+                   "shard_map-2cpu+fusion")
+NIFTY_BASE_CONFIGS = ("default", "jit-lmap", "jit-vmap", "jit-smap", "jit-pmap-2cpu")
+#: every NIFTy.re configuration also as ``<config>+classic``: XLA:CPU's classic emitters for all its programs
+NIFTY_CONFIGS = NIFTY_BASE_CONFIGS + tuple(c + "+classic" for c in NIFTY_BASE_CONFIGS)
 DEFAULT_NIFTY = ("default", "jit-lmap", "jit-vmap")
+#: the XLA flag behind ``+classic`` (shardvi sets it per engine step, ``REPRODUCIBLE_COMPILER_OPTIONS``)
+CLASSIC_EMITTERS_FLAG = "--xla_cpu_use_fusion_emitters=false"
 
 
 # ================================================================================================ child
@@ -139,6 +150,8 @@ def child_shardvi(args, problem, clock):
         okl = importlib.import_module("shardvi.vi.optimize_kl")
         assert okl.reproducible_jit is not None and hasattr(okl, "OptimizeVI")
         okl.reproducible_jit = lambda fn, **kw: jax.jit(fn, **kw)
+    # "+fusion": XLA:CPU's default (MLIR fusion) emitters for the engine steps
+    options = {"xla_cpu_use_fusion_emitters": True} if args.config.endswith("+fusion") else None
     base = args.config.split("+")[0]
     if base == "shard_map-2cpu":  # samples spread over 2 forced CPU devices (one per core), chunk 1
         strategy = sv.parallel.ShardMap(devices=jax.devices()[:2])
@@ -170,7 +183,7 @@ def child_shardvi(args, problem, clock):
         linear_sampling=sv.CGConfig(tol=None, absdelta=s["absdelta"], miniter=s["miniter"], maxiter=s["cg_maxiter"]),
         nonlinear_update=sv.NewtonCGConfig(xtol=s["geovi_xtol"], maxiter=s["geovi_maxiter"], cg=inner),
         kl_minimization=sv.NewtonCGConfig(xtol=s["delta"], maxiter=s["kl_maxiter"], cg=inner),
-        sample_map=strategy, kl_map=strategy, callback=callback)
+        sample_map=strategy, kl_map=strategy, callback=callback, compiler_options=options)
     return samples.samples, work
 
 
@@ -188,8 +201,9 @@ def child_nifty(args, problem, clock):
     curve = dict(minimize_kwargs=dict(name=None, xtol=s["geovi_xtol"], maxiter=s["geovi_maxiter"], cg_kwargs=inner))
     kl = dict(minimize_kwargs=dict(name=None, xtol=s["delta"], maxiter=s["kl_maxiter"], cg_kwargs=inner))
     kw = {}
-    if args.config != "default":
-        residual_map = args.config.split("-")[1]
+    config = args.config.split("+")[0]  # "+classic" is an XLA flag set by the parent (child_env)
+    if config != "default":
+        residual_map = config.split("-")[1]
         kw = dict(linear_minimizer_jit=True, nonlinear_minimizer_jit=True, residual_map=residual_map)
         draw["cg"] = jft.conjugate_gradient.static_cg
         curve["minimize"] = jft.optimize._static_newton_cg
@@ -259,7 +273,7 @@ class Clock:
 
 def child_main(args):
     jax = C.setup_jax()
-    if args.config.startswith("shard_map-2cpu") or args.config.endswith("-2cpu"):
+    if args.config.split("+")[0].endswith("-2cpu"):
         jax.config.update("jax_num_cpu_devices", 2)  # before any JAX op
     cs = C.CompileStats()
     problem = C.Problem(args.shape, noise_std=args.noise_std, seed=args.seed, link=args.link, model=args.model)
@@ -313,6 +327,13 @@ def nifty_python(args):
     if skipped or p.returncode != 0 or not out or not os.path.exists(out[-1]):
         return None, (skipped[-1][len("skipped:"):].strip() if skipped else f"exit {p.returncode}: {p.stderr[-500:]}")
     return out[-1], None
+
+
+def child_env(engine, config):
+    """Extra environment of a child run: ``+classic`` NIFTy.re runs get XLA:CPU's classic emitters."""
+    if engine == "nifty" and config.endswith("+classic"):
+        return {"XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " " + CLASSIC_EMITTERS_FLAG).strip()}
+    return None
 
 
 def child_args(args, engine, config):
@@ -395,7 +416,8 @@ def main(argv=None):
     records = {(e, c): [] for e, c, _ in jobs}
     for run in range(args.runs):
         for engine, config, py in jobs:
-            rec = C.run_child(py, script, child_args(args, engine, config), timeout=args.timeout)
+            rec = C.run_child(py, script, child_args(args, engine, config), timeout=args.timeout,
+                              env=child_env(engine, config))
             rec.setdefault("engine", engine)
             rec.setdefault("config", config)
             rec["run"] = run

@@ -69,6 +69,14 @@ CASES = [
     ("Newton maxiter float", lambda: sv.NewtonCGConfig(maxiter=2.0), TypeError, "maxiter"),
     ("Newton cg wrong type", lambda: sv.NewtonCGConfig(cg=3), TypeError, "cg"),
     ("optax wrong optimizer", lambda: sv.OptaxConfig(optimizer="adam"), TypeError, "optimizer"),
+    ("compiler_options not a dict", lambda: run(compiler_options=["xla_cpu_use_fusion_emitters"]), TypeError,
+     "compiler_options"),
+    ("compiler_options value type", lambda: run(compiler_options={"xla_cpu_use_fusion_emitters": None}),
+     TypeError, "compiler_options"),
+    ("compiler_options unknown XLA option", lambda: run(compiler_options={"xla_no_such_option": True}), ValueError,
+     "compiler_options.*xla_no_such_option"),
+    ("compiler_options bad XLA value", lambda: run(compiler_options={"xla_backend_optimization_level": "high"}),
+     ValueError, "compiler_options.*xla_backend_optimization_level"),
 ]
 
 

@@ -111,3 +111,28 @@ def test_linear_sample_cg_starts_at_prior_part():
     # and so the unseen half has the prior's unit variance (4 sigma for 2000 samples x 6 entries)
     var = np.var(r[:, half:], axis=0)
     assert np.all(np.abs(var - 1.0) <= 4 * np.sqrt(2.0 / 2000))
+
+
+def test_compiler_options_reach_the_engine_steps(problem, monkeypatch):
+    """``compiler_options`` are merged over the defaults for every compiled step; the posterior stays exact."""
+    import importlib
+    okl = importlib.import_module("shardvi.vi.optimize_kl")  # the module (shardvi.vi re-exports the function)
+    seen = []
+
+    def recording_jit(fn, **kw):
+        seen.append(dict(kw.get("compiler_options") or {}))
+        return sv.parallel.reproducible_jit(fn, **kw)
+    monkeypatch.setattr(okl, "reproducible_jit", recording_jit)
+    lh, post_mean, _ = problem
+    kw = dict(key=jax.random.PRNGKey(3), n_total_iterations=1, n_samples=2, sample_mode="nonlinear_resample",
+              linear_sampling=sv.CGConfig(tol=1e-13, maxiter=200), nonlinear_update=sv.NewtonCGConfig(xtol=1e-14),
+              kl_minimization=TIGHT_KL)
+    fused, _ = sv.optimize_kl(lh, jnp.zeros(N_LAT), compiler_options={"xla_cpu_use_fusion_emitters": True}, **kw)
+    assert seen == [{"xla_cpu_use_fusion_emitters": True}] * 3  # draw_linear, curve, minimize
+    assert dict(sv.parallel.REPRODUCIBLE_COMPILER_OPTIONS)["xla_cpu_use_fusion_emitters"] is False
+    with pytest.raises(TypeError):  # the defaults are read-only
+        sv.parallel.REPRODUCIBLE_COMPILER_OPTIONS["xla_cpu_use_fusion_emitters"] = True
+    classic, _ = sv.optimize_kl(lh, jnp.zeros(N_LAT), **kw)
+    assert np.max(np.abs(np.asarray(fused.pos) - post_mean)) <= 1e-8
+    # other emitters, other rounding: the same samples to solver precision
+    np.testing.assert_allclose(np.asarray(fused.residuals), np.asarray(classic.residuals), rtol=0, atol=1e-9)
