@@ -12,7 +12,7 @@ from jax import tree_util as jtu
 __all__ = [
     "add", "sub", "scale", "axpy", "vdot", "norm", "zeros_like", "size",
     "where", "stack", "unstack_index", "leaf_dtype", "all_finite", "conj", "linear_adjoint",
-    "random_like",
+    "linearize_with_adjoint", "random_like",
 ]
 
 
@@ -106,6 +106,19 @@ def linear_adjoint(vjp_fn):
         (out,) = vjp_fn(conj(ct))
         return conj(out)
     return adj
+
+
+def linearize_with_adjoint(f, x):
+    """``(f(x), J, J^T)`` with one evaluation of ``f``: ``J`` its JVP at ``x``, ``J^T`` the adjoint of ``J``.
+
+    ``jax.jvp`` and ``jax.vjp`` each evaluate ``f`` again; in a program compiled
+    without XLA's common-subexpression elimination (``reproducible_jit``) both
+    evaluations are then executed. ``jax.linearize`` plus ``jax.linear_transpose``
+    evaluate ``f`` once and apply only the linear parts. The adjoint is w.r.t.
+    the real inner product, as :func:`linear_adjoint`.
+    """
+    y, jvp_fn = jax.linearize(f, x)
+    return y, jvp_fn, linear_adjoint(jax.linear_transpose(jvp_fn, x))
 
 
 def random_like(key, domain):

@@ -63,3 +63,64 @@ def test_nonlinear_update_solves_geovi_equation():
     g = r + vjp(lh.transformation(pos + r) - x_bar)[0]
     np.testing.assert_allclose(np.asarray(g), np.asarray(y), rtol=0, atol=1e-9)
     assert not np.allclose(np.asarray(r), np.asarray(r_lin), atol=1e-3)  # it really curved
+
+
+# ---------------------------------------------------------------------------------------------------
+# the model is evaluated once per linearization point, not in every CG iteration
+# ---------------------------------------------------------------------------------------------------
+def _fft_count(jaxpr):
+    """FFTs in ``jaxpr`` outside nested while loops."""
+    n = 0
+    for e in jaxpr.eqns:
+        if e.primitive.name == "fft":
+            n += 1
+        elif e.primitive.name != "while":
+            n += sum(_fft_count(sub) for sub in _subjaxprs(e))
+    return n
+
+
+def _subjaxprs(eqn):
+    for p in eqn.params.values():
+        for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+            if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
+                yield getattr(sub, "jaxpr", sub) if not hasattr(sub, "eqns") else sub
+
+
+def _while_bodies(jaxpr, depth=0):
+    """``(depth, FFTs in the body outside deeper loops)`` for every while loop."""
+    out = []
+    for e in jaxpr.eqns:
+        if e.primitive.name == "while":
+            body = e.params["body_jaxpr"].jaxpr
+            out.append((depth + 1, _fft_count(body)))
+            out += _while_bodies(body, depth + 1)
+        else:
+            for sub in _subjaxprs(e):
+                out += _while_bodies(sub, depth)
+    return out
+
+
+@pytest.fixture(scope="module")
+def fft_problem():
+    from shardvi.models.harmonic import hartley
+    model = sv.Model(lambda xi: jnp.exp(0.1 * hartley(xi)), jax.ShapeDtypeStruct((8, 8), jnp.float64))
+    return sv.Gaussian(np.ones((8, 8)), noise_std=0.3).amend(model), jnp.zeros((8, 8)), jax.random.PRNGKey(0)
+
+
+def test_sampling_cg_applies_only_the_linearized_model(fft_problem):
+    """One FFT for J and one for J^T per CG iteration: the model's forward FFT is outside the loop."""
+    lh, pos, key = fft_problem
+    jaxpr = jax.make_jaxpr(lambda p, k: sv.draw_linear_residual(lh, p, k, sv.CGConfig(maxiter=5)))(pos, key)
+    assert _while_bodies(jaxpr.jaxpr) == [(1, 2)]
+
+
+def test_geovi_inner_cg_applies_only_the_linearized_map(fft_problem):
+    """geoVI Gauss-Newton product: J_x, Jbar^T and their adjoints (4 FFTs) per inner CG iteration;
+    ``delta`` itself (2 FFTs) is evaluated once per Newton step."""
+    lh, pos, key = fft_problem
+    jaxpr = jax.make_jaxpr(lambda p, r, k: sv.nonlinearly_update_residual(
+        lh, p, r, k, 1.0, sv.NewtonCGConfig(maxiter=2)))(pos, pos, key)
+    bodies = _while_bodies(jaxpr.jaxpr)
+    newton = [n for d, n in bodies if d == 1]
+    inner = [n for d, n in bodies if d == 2]
+    assert newton == [2] and sorted(inner) == [4, 4]  # inner: the CG solve and the line search (value+grad)

@@ -680,3 +680,35 @@ def test_amend_rejects_mismatched_model_and_plain_function():
         lh.amend(exp_signal)
     with pytest.raises(TypeError, match="Model"):
         lh.amend(3)
+
+
+def test_metric_operator_equals_closed_form(case):
+    """``metric_operator(x)`` (model linearized once) is the same operator as ``metric(x, .)``."""
+    c, lh = case
+    for xi in (XI1, XI2):
+        op = lh.metric_operator(xi)
+        j = real_jacobian(c.model, xi)
+        expected = j.T @ c.fisher(c.model(xi)) @ j
+        got = dense_linear(op, DOM)
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12 * np.abs(expected).max())
+        np.testing.assert_allclose(got, dense_linear(lambda t: lh.metric(xi, t), DOM), rtol=1e-13,
+                                   atol=1e-14 * np.abs(expected).max())
+        s = c.model(xi)
+        np.testing.assert_allclose(dense_linear(c.lh.metric_operator(s), c.model.target), c.fisher(s),
+                                   rtol=1e-13, atol=1e-14)
+
+
+def test_linearize_with_adjoint_dot_test():
+    """``<J^T u, v> = Re <u, J v>`` for a complex-valued map (FFT of a nonlinear function)."""
+    from shardvi import tree_math as tm
+    f = lambda x: jnp.fft.fft(jnp.sin(x["a"]) * x["b"])  # noqa: E731
+    rng = np.random.default_rng(3)
+    x = {"a": jnp.asarray(rng.normal(size=6)), "b": jnp.asarray(rng.normal(size=6))}
+    y, jvp, adj = tm.linearize_with_adjoint(f, x)
+    np.testing.assert_allclose(np.asarray(y), np.asarray(f(x)), rtol=1e-15)
+    v = {"a": jnp.asarray(rng.normal(size=6)), "b": jnp.asarray(rng.normal(size=6))}
+    u = jnp.asarray(rng.normal(size=6) + 1j * rng.normal(size=6))
+    np.testing.assert_allclose(np.asarray(jvp(v)), np.asarray(jax.jvp(f, (x,), (v,))[1]), rtol=1e-14, atol=1e-14)
+    lhs = float(tm.vdot(adj(u), v))
+    rhs = float(np.real(np.vdot(np.asarray(u), np.asarray(jvp(v)))))
+    np.testing.assert_allclose(lhs, rhs, rtol=1e-13)

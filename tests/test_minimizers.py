@@ -794,3 +794,18 @@ def test_log_iteration_under_vmap_logs_batched_values(caplog):
     assert len(msgs) == 4 and all(m.startswith("vcg: ") for m in msgs)
     assert sum("nit=1 " in m for m in msgs) == 2 and sum("nit=2 " in m for m in msgs) == 2
     assert len(set(msgs)) == 4
+
+
+def test_newton_cg_hessp_at_gives_the_same_iterates():
+    """``hessp_at`` (the Hessian linearized once per Newton step) gives the same minimization as ``hessp``."""
+    x0 = jnp.asarray(ROSEN_STARTS[1])
+    cfg = ROSEN_CFG
+
+    def hessp_at(x):
+        return jax.linearize(jax.grad(rosen), x)[1]
+    a = jax.jit(lambda x: newton_cg(ROSEN_FG, rosen_hessp, x, cfg))(x0)
+    b = jax.jit(lambda x: newton_cg(ROSEN_FG, rosen_hessp, x, cfg, hessp_at=hessp_at))(x0)
+    assert bool(b.converged), status_message(b.status)
+    np.testing.assert_allclose(np.asarray(b.x), np.ones(5), atol=1e-8)
+    assert int(a.nit) == int(b.nit) and int(a.ncg) == int(b.ncg)
+    np.testing.assert_allclose(np.asarray(b.x), np.asarray(a.x), rtol=0, atol=1e-12)

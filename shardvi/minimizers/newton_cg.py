@@ -1,7 +1,7 @@
 """Newton-CG with a backtracking (Armijo) line search, one jittable loop."""
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -62,8 +62,8 @@ class _State(NamedTuple):
     status: jax.Array
 
 
-def newton_cg(fun_and_grad: Callable, hessp: Callable, x0, config: NewtonCGConfig = NewtonCGConfig()
-              ) -> OptimizeResult:
+def newton_cg(fun_and_grad: Callable, hessp: Callable, x0, config: NewtonCGConfig = NewtonCGConfig(), *,
+              hessp_at: Optional[Callable] = None) -> OptimizeResult:
     """Minimize a smooth function with truncated Newton steps.
 
     Parameters
@@ -77,6 +77,10 @@ def newton_cg(fun_and_grad: Callable, hessp: Callable, x0, config: NewtonCGConfi
         Starting point.
     config : NewtonCGConfig
         Stopping rules and inner CG settings.
+    hessp_at : callable, optional
+        ``x -> (v -> H(x) v)``, the same operator with the work that depends on
+        ``x`` alone done once per Newton step (e.g. a linearization) instead of
+        in every inner CG iteration; used for the CG solves when given.
 
     Returns
     -------
@@ -120,7 +124,8 @@ def newton_cg(fun_and_grad: Callable, hessp: Callable, x0, config: NewtonCGConfi
                                    config.energy_reduction_factor * s.last_decrease, -1.0)
         if cgc.absdelta is not None:
             inner_absdelta = jnp.maximum(inner_absdelta, cgc.absdelta)
-        res = cg_solve(lambda v: hessp(s.x, v), tm.scale(-1.0, s.g), tol=rtol, resnorm=cgc.resnorm,
+        op = hessp_at(s.x) if hessp_at is not None else (lambda v: hessp(s.x, v))
+        res = cg_solve(op, tm.scale(-1.0, s.g), tol=rtol, resnorm=cgc.resnorm,
                        absdelta=inner_absdelta, miniter=cgc.miniter, maxiter=cgc.maxiter, name=cgc.name)
         p = res.x
         slope = tm.vdot(s.g, p)

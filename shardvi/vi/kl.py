@@ -7,7 +7,7 @@ from .. import tree_math as tm
 from ..parallel.strategy import map_mean
 from .likelihood import Likelihood
 
-__all__ = ["hamiltonian", "hamiltonian_metric", "kl_value_and_grad", "kl_metric"]
+__all__ = ["hamiltonian", "hamiltonian_metric", "hamiltonian_metric_operator", "kl_value_and_grad", "kl_metric"]
 
 
 def hamiltonian(lh: Likelihood, xi):
@@ -18,6 +18,12 @@ def hamiltonian(lh: Likelihood, xi):
 def hamiltonian_metric(lh: Likelihood, xi, t):
     """``M(xi) t = J^T F J t + t``."""
     return tm.add(lh.metric(xi, t), t)
+
+
+def hamiltonian_metric_operator(lh: Likelihood, xi):
+    """``t -> M(xi) t`` with the model evaluated and linearized at ``xi`` once (for CG solves)."""
+    op = lh.metric_operator(xi)
+    return lambda t: tm.add(op(t), t)
 
 
 def kl_value_and_grad(lh: Likelihood, pos, residuals, strategy):

@@ -1,6 +1,7 @@
 """Likelihood: energy, Fisher metric and its square root, on signal or latent space."""
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional
 
 import jax
@@ -41,17 +42,23 @@ class Likelihood:
         Shape of ``e`` (default: the shape of ``T(s)``).
     normalized_residual : callable, optional
         ``s -> (d - s) / noise``-like residual, used by diagnostics.
+    metric_operator : callable, optional
+        ``s -> (t -> F(s) t)``: the metric at ``s`` as a linear operator, with
+        the work that depends on ``s`` alone done once (see
+        :meth:`metric_operator`; default: derived from ``metric`` or ``T``).
     """
 
     def __init__(self, energy: Callable, transformation: Optional[Callable] = None, *, domain,
                  metric: Optional[Callable] = None, left_sqrt_metric: Optional[Callable] = None,
-                 lsm_tangents_shape=None, normalized_residual: Optional[Callable] = None):
+                 lsm_tangents_shape=None, normalized_residual: Optional[Callable] = None,
+                 metric_operator: Optional[Callable] = None):
         if not callable(energy):
             raise TypeError(f"energy must be callable, got {type(energy).__name__}")
         self.domain = normalize_domain(domain)
         self._energy = energy
         self._transformation = transformation
         self._metric = metric
+        self._metric_operator = metric_operator
         self._lsm = left_sqrt_metric
         self._normalized_residual = normalized_residual
         if lsm_tangents_shape is None and transformation is not None:
@@ -79,9 +86,22 @@ class Likelihood:
         """Fisher metric ``F(s) t``."""
         if self._metric is not None:
             return self._metric(s, t)
-        _, jt = jax.jvp(self.transformation, (s,), (t,))
-        _, vjp = jax.vjp(self.transformation, s)
-        return tm.linear_adjoint(vjp)(jt)
+        return self.metric_operator(s)(t)
+
+    def metric_operator(self, s) -> Callable:
+        """``t -> F(s) t``: the metric at ``s`` as a linear operator.
+
+        Whatever depends on ``s`` alone (for an amended likelihood: the model
+        and its linearization at ``s``) is computed once, here; applying the
+        operator runs only the linear parts. Use it where the metric at one
+        point is applied many times (a CG solve).
+        """
+        if self._metric_operator is not None:
+            return self._metric_operator(s)
+        if self._metric is not None:
+            return functools.partial(self._metric, s)
+        _, jvp, adj = tm.linearize_with_adjoint(self.transformation, s)
+        return lambda t: adj(jvp(t))
 
     def left_sqrt_metric(self, s, e):
         """``L(s) e`` with ``L L^T = F(s)``; a standard normal ``e`` gives ``N(0, F)``."""
@@ -127,10 +147,13 @@ class Likelihood:
         def energy(xi):
             return lh.energy(model(xi))
 
+        def metric_operator(xi):  # J^T F(s) J with one evaluation of the model
+            s, jvp, adj = tm.linearize_with_adjoint(model, xi)
+            fs = lh.metric_operator(s)
+            return lambda t: adj(fs(jvp(t)))
+
         def metric(xi, t):
-            s, vjp = jax.vjp(model, xi)
-            _, jt = jax.jvp(model, (xi,), (t,))
-            return tm.linear_adjoint(vjp)(lh.metric(s, jt))
+            return metric_operator(xi)(t)
 
         def lsm(xi, e):
             s, vjp = jax.vjp(model, xi)
@@ -142,7 +165,8 @@ class Likelihood:
         has_lsm = self.lsm_tangents_shape is not None
         return Likelihood(energy, trafo, domain=model.domain, metric=metric,
                           left_sqrt_metric=lsm if has_lsm else None,
-                          lsm_tangents_shape=self.lsm_tangents_shape, normalized_residual=nres)
+                          lsm_tangents_shape=self.lsm_tangents_shape, normalized_residual=nres,
+                          metric_operator=metric_operator)
 
     def __add__(self, other: "Likelihood") -> "Likelihood":
         """Sum of independent likelihoods (energies and metrics add).
@@ -178,8 +202,12 @@ class Likelihood:
         def energy(x):
             return a.energy(pa(x)) + b.energy(pb(x))
 
+        def metric_operator(x):
+            ma, mb = a.metric_operator(pa(x)), b.metric_operator(pb(x))
+            return lambda t: tm.add(lift_a(ma(pa(t)), t), lift_b(mb(pb(t)), t))
+
         def metric(x, t):
-            return tm.add(lift_a(a.metric(pa(x), pa(t)), t), lift_b(b.metric(pb(x), pb(t)), t))
+            return metric_operator(x)(t)
 
         def lsm(x, e):
             return tm.add(lift_a(a.left_sqrt_metric(pa(x), e[0]), x), lift_b(b.left_sqrt_metric(pb(x), e[1]), x))
@@ -192,4 +220,4 @@ class Likelihood:
         return Likelihood(energy, trafo, domain=domain, metric=metric,
                           left_sqrt_metric=lsm if has_lsm else None,
                           lsm_tangents_shape=(a.lsm_tangents_shape, b.lsm_tangents_shape) if has_lsm else None,
-                          normalized_residual=nres)
+                          normalized_residual=nres, metric_operator=metric_operator)

@@ -7,7 +7,7 @@ from .. import tree_math as tm
 from ..minimizers.cg import CGResult, conjugate_gradient
 from ..minimizers.config import CGConfig, NewtonCGConfig
 from ..minimizers.newton_cg import OptimizeResult, newton_cg
-from .kl import hamiltonian_metric
+from .kl import hamiltonian_metric_operator
 from .likelihood import Likelihood
 from .masks import project
 
@@ -66,8 +66,8 @@ def draw_linear_residual(lh: Likelihood, pos, key, config: CGConfig = CGConfig()
     """
     keep = _keep(lh, sample_mask)
     y, e2 = _metric_sample_parts(lh, pos, key, keep)
-    res = conjugate_gradient(lambda v: project(keep, hamiltonian_metric(lh, pos, project(keep, v))), y, e2,
-                             config=config)
+    metric = hamiltonian_metric_operator(lh, pos)  # the model is evaluated at pos once, not per CG iteration
+    res = conjugate_gradient(lambda v: project(keep, metric(project(keep, v))), y, e2, config=config)
     return res.x, res
 
 
@@ -104,10 +104,12 @@ def nonlinearly_update_residual(lh: Likelihood, pos, residual, metric_sample_key
         d, vjp = jax.vjp(delta, r)
         return 0.5 * tm.vdot(d, d), tm.linear_adjoint(vjp)(d)
 
-    def hessp(r, v):
-        _, jv = jax.jvp(delta, (r,), (v,))
-        _, vjp = jax.vjp(delta, r)
-        return tm.linear_adjoint(vjp)(jv)
+    def hessp_at(r):  # Gauss-Newton J_g^T J_g at r: delta evaluated and linearized once per Newton step
+        _, jvp, adj = tm.linearize_with_adjoint(delta, r)
+        return lambda v: adj(jvp(v))
 
-    res = newton_cg(fun_and_grad, hessp, project(keep, residual), config)
+    def hessp(r, v):
+        return hessp_at(r)(v)
+
+    res = newton_cg(fun_and_grad, hessp, project(keep, residual), config, hessp_at=hessp_at)
     return res.x, res
