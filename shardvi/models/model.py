@@ -6,6 +6,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import tree_util as jtu
 
 __all__ = ["Model", "check_latent", "normalize_domain"]
@@ -39,8 +40,15 @@ def check_latent(x, domain, argname: str) -> None:
     for i, (a, d) in enumerate(zip(xs, ds)):
         if tuple(jnp.shape(a)) != tuple(d.shape):
             raise ValueError(f"{argname} leaf {i} has shape {tuple(jnp.shape(a))}, expected {tuple(d.shape)}")
-    if not all(bool(jnp.all(jnp.isfinite(a))) for a in xs):
+    if not all(_all_finite(a) for a in xs):
         raise ValueError(f"{argname} contains non-finite values (nan or inf)")
+
+
+def _all_finite(a) -> bool:
+    """On the host where the values are (no compilation); with JAX for arrays spread over processes."""
+    if isinstance(a, jax.Array) and not a.is_fully_addressable:
+        return bool(jnp.all(jnp.isfinite(a)))
+    return bool(np.all(np.isfinite(np.asarray(a))))
 
 
 class Model:

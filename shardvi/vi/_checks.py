@@ -1,4 +1,9 @@
-"""Input validation shared by the likelihood constructors."""
+"""Input validation shared by the likelihood constructors.
+
+The checks run in NumPy on the host: validating concrete user data needs no
+XLA compilation (each eager JAX operation would compile a small program and
+keep it in memory).
+"""
 from __future__ import annotations
 
 import jax
@@ -6,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
 
-__all__ = ["finite_data", "positive_like", "domain_of"]
+__all__ = ["finite_data", "positive_like", "to_device", "domain_of"]
 
 
 def finite_data(data, argname: str = "data"):
@@ -22,10 +27,12 @@ def finite_data(data, argname: str = "data"):
             raise TypeError(f"{argname} must contain numeric arrays, got {type(leaf).__name__}") from err
         if not (jnp.issubdtype(arr.dtype, jnp.number)):
             raise TypeError(f"{argname} must be numeric, got dtype {arr.dtype}")
+        host = np.asarray(arr)
         if not jnp.issubdtype(arr.dtype, jnp.inexact):
-            arr = arr.astype(jnp.result_type(float))
-        if not bool(jnp.all(jnp.isfinite(arr))):
-            n_bad = int(np.sum(~np.isfinite(np.asarray(arr))))
+            host = host.astype(jnp.result_type(float))
+            arr = jnp.asarray(host)
+        n_bad = int(np.sum(~np.isfinite(host)))
+        if n_bad:
             raise ValueError(f"{argname} contains {n_bad} non-finite value(s) (nan or inf)")
         out.append(arr)
     return jtu.tree_unflatten(treedef, out)
@@ -46,15 +53,21 @@ def positive_like(value, data, argname: str):
             arr = jnp.asarray(v, dtype=jnp.finfo(d.dtype).dtype)
         except TypeError as err:
             raise TypeError(f"{argname} must be a positive number or array, got {type(v).__name__}") from err
-        if not bool(jnp.all(jnp.isfinite(arr) & (arr > 0))):
+        host = np.asarray(arr)
+        if not bool(np.all(np.isfinite(host) & (host > 0))):
             raise ValueError(f"{argname} must be strictly positive and finite everywhere")
         try:
-            arr = jnp.broadcast_to(arr, d.shape)
+            host = np.broadcast_to(host, d.shape)
         except ValueError as err:
             raise ValueError(f"{argname} has shape {arr.shape}, which does not broadcast to the data "
                              f"shape {d.shape}") from err
-        out.append(arr)
+        out.append(host)
     return jtu.tree_unflatten(treedef, out)
+
+
+def to_device(tree):
+    """NumPy leaves as JAX arrays (a transfer, no compilation)."""
+    return jtu.tree_map(jnp.asarray, tree)
 
 
 def domain_of(data):

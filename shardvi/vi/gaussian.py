@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-import jax.numpy as jnp
+import numpy as np
 from jax import tree_util as jtu
 
 from .. import tree_math as tm
-from ._checks import domain_of, finite_data, positive_like
+from ._checks import domain_of, finite_data, positive_like, to_device
 from .likelihood import Likelihood
 
 __all__ = ["Gaussian"]
@@ -36,8 +36,7 @@ def Gaussian(data, noise_std=None, noise_cov_inv=None, *, noise_std_inv: Optiona
     if (noise_std is None) == (noise_cov_inv is None):
         raise ValueError("give exactly one of noise_std and noise_cov_inv")
     if noise_std is not None:
-        std = positive_like(noise_std, d, "noise_std")
-        inv_std = jtu.tree_map(lambda x: 1.0 / x, std)
+        inv_std = to_device(jtu.tree_map(lambda x: 1.0 / x, positive_like(noise_std, d, "noise_std")))
 
         def n_inv(r):
             return jtu.tree_map(lambda a, w: a * w * w, r, inv_std)
@@ -49,8 +48,8 @@ def Gaussian(data, noise_std=None, noise_cov_inv=None, *, noise_std_inv: Optiona
             raise ValueError("a callable noise_cov_inv needs noise_std_inv (r -> N^{-1/2} r) as well")
         n_inv, n_inv_sqrt = noise_cov_inv, noise_std_inv
     else:
-        prec = positive_like(noise_cov_inv, d, "noise_cov_inv")
-        sqrt_prec = jtu.tree_map(jnp.sqrt, prec)
+        prec_host = positive_like(noise_cov_inv, d, "noise_cov_inv")
+        prec, sqrt_prec = to_device(prec_host), to_device(jtu.tree_map(np.sqrt, prec_host))
 
         def n_inv(r):
             return jtu.tree_map(lambda a, w: a * w, r, prec)

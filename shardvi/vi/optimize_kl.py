@@ -17,7 +17,7 @@ from ..minimizers.newton_cg import newton_cg
 from ..minimizers.optax_adapter import optax_minimize
 from ..minimizers.status import Status, status_message
 from ..models.model import check_latent
-from ..parallel.reproducible import check_compiler_options, reproducible_jit
+from ..parallel.reproducible import REPRODUCIBLE_COMPILER_OPTIONS, check_compiler_options, reproducible_jit
 from ..parallel.strategy import Placed, get_strategy, place
 from . import checkpoint as ckpt
 from .diagnostics import IterationReport, pooled_chi2, residual_stats
@@ -95,6 +95,11 @@ def _check_type(value, types, argname, nit):
         raise TypeError(f"{argname} must be a {names} (or a callable returning one), got "
                         f"{type(value).__name__} at iteration {nit}")
     return value
+
+
+def _no_samples(p):
+    """Empty residual leaf ``(0, *p.shape)`` (from NumPy: no compilation)."""
+    return jnp.asarray(np.zeros((0,) + tuple(p.shape), p.dtype))
 
 
 def _interleave(r):
@@ -194,8 +199,11 @@ class OptimizeVI:
         self._draw_linear = Placed(sstrat, rjit(draw_linear))
         self._curve = Placed(sstrat, rjit(curve))
         self._minimize = Placed(kstrat, rjit(minimize))
-        self._interleave = Placed(sstrat, jax.jit(_interleave))
-        self._diagnostics = Placed(kstrat, jax.jit(diagnostics))
+        # the small helpers with the same XLA options (one emitter pipeline for all of the engine's programs)
+        ejit = functools.partial(jax.jit, compiler_options={**REPRODUCIBLE_COMPILER_OPTIONS, **self.compiler_options})
+        self._interleave = Placed(sstrat, ejit(_interleave))
+        self._diagnostics = Placed(kstrat, ejit(diagnostics))
+        self._repeat_keys = Placed(sstrat, ejit(lambda keys: jnp.repeat(keys, 2, axis=0)))
 
     # -- state -------------------------------------------------------------------------------
     def init_state(self, key, nit: int = 0) -> OptimizeVIState:
@@ -223,7 +231,7 @@ class OptimizeVI:
         """
         pos = samples.pos
         if n == 0:
-            empty = jtu.tree_map(lambda p: jnp.zeros((0,) + p.shape, p.dtype), pos)
+            empty = jtu.tree_map(lambda p: _no_samples(p), pos)
             return Samples(pos, empty, None), [], [], mode
         have_prev = samples.keys is not None and len(samples) > 0
         n_prev = 0 if not have_prev else samples.keys.shape[0]
@@ -250,13 +258,11 @@ class OptimizeVI:
         return Samples(pos, r, keys), np.asarray(cg_nit).tolist(), nl_nit, mode
 
     def _expand(self, keys):
-        keys = place(self.sample_strategy, keys)  # fresh or reused keys: one placement, one compiled repeat
-        return jnp.repeat(keys, 2, axis=0) if self.mirror_samples else keys
+        # fresh or reused keys: one placement, one compiled repeat
+        return self._repeat_keys(keys) if self.mirror_samples else place(self.sample_strategy, keys)
 
-    def _signs(self, n):
-        if self.mirror_samples:
-            return jnp.tile(jnp.asarray([1.0, -1.0]), n)
-        return jnp.ones((n,))
+    def _signs(self, n):  # built in NumPy: no eager XLA programs to compile
+        return jnp.asarray(np.tile([1.0, -1.0], n) if self.mirror_samples else np.ones((n,)))
 
     def update(self, samples: Samples, state: OptimizeVIState) -> tuple[Samples, OptimizeVIState]:
         """One global iteration: draw/update samples, then minimize the KL."""
@@ -429,7 +435,7 @@ def optimize_kl(likelihood: Likelihood, position, *, key, n_total_iterations: in
     check_latent(pos, likelihood.domain, "position")
     pos = jtu.tree_map(lambda x, d: jnp.asarray(x, d.dtype), pos, likelihood.domain)
     if samples is None:
-        samples = Samples(pos, jtu.tree_map(lambda p: jnp.zeros((0,) + p.shape, p.dtype), pos), None)
+        samples = Samples(pos, jtu.tree_map(lambda p: _no_samples(p), pos), None)
     state = opt.init_state(key)
     if resume and ckpt.has_checkpoint(checkpoint_dir):
         samples, state = ckpt.load_checkpoint(checkpoint_dir, pos)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import tree_util as jtu
 
-from ._checks import domain_of, finite_data, positive_like
+from ._checks import domain_of, finite_data, positive_like, to_device
 from .likelihood import Likelihood
 
 __all__ = ["StudentT"]
@@ -28,8 +28,8 @@ def StudentT(data, dof, noise_std) -> Likelihood:
     d = finite_data(data, "data")
     if any(jnp.iscomplexobj(x) for x in jtu.tree_leaves(d)):
         raise TypeError("StudentT data must be real")
-    nu = positive_like(dof, d, "dof")
-    sig = positive_like(noise_std, d, "noise_std")
+    nu = to_device(positive_like(dof, d, "dof"))
+    sig = to_device(positive_like(noise_std, d, "noise_std"))
     fac = jtu.tree_map(lambda n, s: jnp.sqrt((n + 1) / (n + 3)) / s, nu, sig)
 
     def energy(s):
