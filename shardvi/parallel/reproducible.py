@@ -70,7 +70,7 @@ __all__ = [
 #: XLA options of the engine steps (read-only; extend them per run with ``optimize_kl(..., compiler_options=...)``):
 #: CSE off (bitwise reproducibility, see the module docstring) and XLA:CPU's classic loop emitters instead of
 #: its MLIR fusion emitters, which need far more memory to compile these programs (128^2 correlated field,
-#: 5 iterations: 580 vs 911 MiB peak resident memory) for ~15 % faster iterations (``BENCHMARKS.md``).
+#: 5 iterations: 524 vs 926 MiB peak resident memory) for ~10 % faster iterations (``BENCHMARKS.md``).
 #: The ``xla_cpu_`` option has no effect on other platforms.
 REPRODUCIBLE_COMPILER_OPTIONS = types.MappingProxyType(
     {"xla_disable_hlo_passes": "cse", "xla_cpu_use_fusion_emitters": False})

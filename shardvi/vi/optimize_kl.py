@@ -407,8 +407,8 @@ def optimize_kl(likelihood: Likelihood, position, *, key, n_total_iterations: in
         Extra XLA options for the compiled sampling and KL steps, merged over
         :data:`shardvi.parallel.REPRODUCIBLE_COMPILER_OPTIONS` (validated up
         front). E.g. ``{"xla_cpu_use_fusion_emitters": True}``: XLA:CPU's
-        default fusion emitters, ~15 % faster iterations for ~1.6x the peak
-        memory of compilation (``BENCHMARKS.md``). Overriding
+        default fusion emitters, ~10 % faster iterations for ~1.8x the peak
+        memory (128^2 correlated field, ``BENCHMARKS.md``). Overriding
         ``xla_disable_hlo_passes`` gives up bitwise reproducibility across
         device counts.
 
