@@ -18,8 +18,8 @@ from .distributed import initialize_distributed, is_distributed, shutdown_distri
 from .jit_sharding import JitSharding
 from .mesh import SAMPLE_AXIS, check_devices, replicated, sample_mesh, sharded
 from .pmap import Pmap
-from .reproducible import (REPRODUCIBLE_COMPILER_OPTIONS, check_compiler_options, opaque_constants,
-                           reproducible_jit)
+from .reproducible import (REPRODUCIBLE_COMPILER_OPTIONS, check_compiler_options, engine_compiler_options,
+                           opaque_constants, reproducible_jit)
 from .shard_map import ShardMap
 from .strategy import (REDUCE_MODES, STRATEGY_NAMES, LaxMap, Placed, Strategy, Vmap, chunked_apply,
                        fixed_order_mean, get_strategy, map_mean, place, register_strategy)
@@ -27,7 +27,7 @@ from .strategy import (REDUCE_MODES, STRATEGY_NAMES, LaxMap, Placed, Strategy, V
 __all__ = [
     "CollectiveCounts", "JitSharding", "LaxMap", "Placed", "Pmap", "REDUCE_MODES", "REPRODUCIBLE_COMPILER_OPTIONS",
     "SAMPLE_AXIS", "STRATEGY_NAMES", "ShardMap", "Strategy", "Vmap", "check_compiler_options", "check_devices",
-    "chunked_apply", "collectives",
+    "chunked_apply", "collectives", "engine_compiler_options",
     "count_collectives", "fixed_order_mean", "get_strategy", "initialize_distributed", "is_distributed",
     "map_mean", "opaque_constants", "place", "register_strategy", "replicated", "reproducible_jit", "sample_mesh",
     "sharded", "shutdown_distributed",

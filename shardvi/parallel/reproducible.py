@@ -64,7 +64,8 @@ except Exception:  # pragma: no cover - depends on the jax version
     _barrier_p = None
 
 __all__ = [
-    "REPRODUCIBLE_COMPILER_OPTIONS", "check_compiler_options", "opaque_constants", "opaque_per_sample", "reproducible_jit",
+    "REPRODUCIBLE_COMPILER_OPTIONS", "check_compiler_options", "engine_compiler_options", "opaque_constants",
+    "opaque_per_sample", "reproducible_jit",
 ]
 
 #: XLA options of the engine steps (read-only; extend them per run with ``optimize_kl(..., compiler_options=...)``):
@@ -74,6 +75,11 @@ __all__ = [
 #: The ``xla_cpu_`` option has no effect on other platforms.
 REPRODUCIBLE_COMPILER_OPTIONS = types.MappingProxyType(
     {"xla_disable_hlo_passes": "cse", "xla_cpu_use_fusion_emitters": False})
+
+
+def engine_compiler_options(extra=None) -> dict:
+    """:data:`REPRODUCIBLE_COMPILER_OPTIONS` with ``extra`` (a mapping, or ``None``) merged over them."""
+    return {**REPRODUCIBLE_COMPILER_OPTIONS, **(extra or {})}
 
 
 def check_compiler_options(options, argname: str = "compiler_options") -> dict:
@@ -109,8 +115,7 @@ def check_compiler_options(options, argname: str = "compiler_options") -> dict:
         out[name] = value
     if out:
         try:
-            jax.jit(lambda x: x + 1, compiler_options={**REPRODUCIBLE_COMPILER_OPTIONS, **out}).lower(
-                np.float32(0)).compile()
+            jax.jit(lambda x: x + 1, compiler_options=engine_compiler_options(out)).lower(np.float32(0)).compile()
         except Exception as err:  # XLA's INVALID_ARGUMENT (jax.errors.JaxRuntimeError)
             raise ValueError(f"{argname} rejected by XLA: {str(err).splitlines()[0]}") from None
     return out
@@ -251,7 +256,6 @@ def reproducible_jit(fn, **jit_kwargs):
     ``xla_disable_hlo_passes`` gives up bitwise reproducibility across device
     counts.
     """
-    options = dict(REPRODUCIBLE_COMPILER_OPTIONS)
-    options.update(jit_kwargs.pop("compiler_options", None) or {})
+    options = engine_compiler_options(jit_kwargs.pop("compiler_options", None))
     return jax.jit(opaque_constants(fn, jit_kwargs.get("static_argnames", ())), compiler_options=options,
                    **jit_kwargs)

@@ -17,7 +17,7 @@ def hamiltonian(lh: Likelihood, xi):
 
 def hamiltonian_metric(lh: Likelihood, xi, t):
     """``M(xi) t = J^T F J t + t``."""
-    return tm.add(lh.metric(xi, t), t)
+    return hamiltonian_metric_operator(lh, xi)(t)
 
 
 def hamiltonian_metric_operator(lh: Likelihood, xi):

@@ -17,7 +17,7 @@ from ..minimizers.newton_cg import newton_cg
 from ..minimizers.optax_adapter import optax_minimize
 from ..minimizers.status import Status, status_message
 from ..models.model import check_latent
-from ..parallel.reproducible import REPRODUCIBLE_COMPILER_OPTIONS, check_compiler_options, reproducible_jit
+from ..parallel.reproducible import check_compiler_options, engine_compiler_options, reproducible_jit
 from ..parallel.strategy import Placed, get_strategy, place
 from . import checkpoint as ckpt
 from .diagnostics import IterationReport, pooled_chi2, residual_stats
@@ -200,7 +200,7 @@ class OptimizeVI:
         self._curve = Placed(sstrat, rjit(curve))
         self._minimize = Placed(kstrat, rjit(minimize))
         # the small helpers with the same XLA options (one emitter pipeline for all of the engine's programs)
-        ejit = functools.partial(jax.jit, compiler_options={**REPRODUCIBLE_COMPILER_OPTIONS, **self.compiler_options})
+        ejit = functools.partial(jax.jit, compiler_options=engine_compiler_options(self.compiler_options))
         self._interleave = Placed(sstrat, ejit(_interleave))
         self._diagnostics = Placed(kstrat, ejit(diagnostics))
         self._repeat_keys = Placed(sstrat, ejit(lambda keys: jnp.repeat(keys, 2, axis=0)))
@@ -231,7 +231,7 @@ class OptimizeVI:
         """
         pos = samples.pos
         if n == 0:
-            empty = jtu.tree_map(lambda p: _no_samples(p), pos)
+            empty = jtu.tree_map(_no_samples, pos)
             return Samples(pos, empty, None), [], [], mode
         have_prev = samples.keys is not None and len(samples) > 0
         n_prev = 0 if not have_prev else samples.keys.shape[0]
@@ -435,7 +435,7 @@ def optimize_kl(likelihood: Likelihood, position, *, key, n_total_iterations: in
     check_latent(pos, likelihood.domain, "position")
     pos = jtu.tree_map(lambda x, d: jnp.asarray(x, d.dtype), pos, likelihood.domain)
     if samples is None:
-        samples = Samples(pos, jtu.tree_map(lambda p: _no_samples(p), pos), None)
+        samples = Samples(pos, jtu.tree_map(_no_samples, pos), None)
     state = opt.init_state(key)
     if resume and ckpt.has_checkpoint(checkpoint_dir):
         samples, state = ckpt.load_checkpoint(checkpoint_dir, pos)

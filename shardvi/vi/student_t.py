@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from jax import tree_util as jtu
 
 from ._checks import domain_of, finite_data, positive_like, to_device
@@ -28,9 +29,10 @@ def StudentT(data, dof, noise_std) -> Likelihood:
     d = finite_data(data, "data")
     if any(jnp.iscomplexobj(x) for x in jtu.tree_leaves(d)):
         raise TypeError("StudentT data must be real")
-    nu = to_device(positive_like(dof, d, "dof"))
-    sig = to_device(positive_like(noise_std, d, "noise_std"))
-    fac = jtu.tree_map(lambda n, s: jnp.sqrt((n + 1) / (n + 3)) / s, nu, sig)
+    nu_host, sig_host = positive_like(dof, d, "dof"), positive_like(noise_std, d, "noise_std")
+    # in NumPy, like the checks (no eager XLA programs); sqrt and division are correctly rounded in both
+    fac = to_device(jtu.tree_map(lambda n, s: np.sqrt((n + 1) / (n + 3)) / s, nu_host, sig_host))
+    nu, sig = to_device(nu_host), to_device(sig_host)
 
     def energy(s):
         parts = jtu.tree_map(
