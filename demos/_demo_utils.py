@@ -1,18 +1,21 @@
 """Shared pieces of the demos: argument checks, CPU device set-up, strategies, summaries.
 
 Imported by the demo scripts (``demos/`` is on ``sys.path`` when a script runs
-as ``python demos/NAME.py``; the scripts add it themselves otherwise).
+as ``python demos/NAME.py``; the scripts add it themselves otherwise). This
+module imports neither JAX nor shardvi at import time: the scripts parse their
+arguments (and answer ``--help``) with it before they import JAX.
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import sys
 
 import numpy as np
 
 __all__ = ["STRATEGIES", "add_common_flags", "check_common", "check_positive", "setup_devices", "make_strategy",
-           "diff_stats", "coverage", "setup_logging", "png_path"]
+           "diff_stats", "coverage", "setup_logging", "png_path", "parse_or_exit", "run_main", "progress"]
 
 STRATEGIES = ("vmap", "lax_map", "shard_map", "pmap", "jit")
 
@@ -30,7 +33,35 @@ def add_common_flags(ap: argparse.ArgumentParser, *, samples: int, iterations: i
                     help=f"number of devices; on CPU that many are forced (default {devices})")
     ap.add_argument("--seed", type=int, default=seed, help=f"seed of truth, noise and samples (default {seed})")
     ap.add_argument("--output", default=output, help=f"folder for the PNG figures (default {output})")
-    ap.add_argument("--quiet", action="store_true", help="no per-iteration log lines")
+    ap.add_argument("--quiet", action="store_true",
+                    help="no progress (bar on a terminal, one line per iteration otherwise) on stderr")
+
+
+def progress(quiet: bool):
+    """The ``progress`` argument of ``optimize_kl`` for ``--quiet``: ``False``, else ``"auto"``."""
+    return False if quiet else "auto"
+
+
+def parse_or_exit(parse, argv=None):
+    """``parse(argv)`` for a script's ``__main__`` block, run before JAX is imported.
+
+    ``--help`` prints and exits 0 and an unknown flag exits 2 (argparse); a
+    ``ValueError`` of the checks prints ``error: ...`` and exits 2.
+    """
+    try:
+        return parse(argv)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+def run_main(main, args) -> int:
+    """``main(args=args)``; a ``ValueError`` prints ``error: ...`` and gives exit status 2."""
+    try:
+        return main(args=args)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
 
 def check_positive(value, flag: str, minimum: int = 1) -> int:
@@ -105,9 +136,14 @@ def coverage(truth, mean, std, k: float = 2.0, where=None) -> float:
 
 
 def setup_logging(quiet: bool) -> None:
-    """Log the engine's per-iteration lines (logger ``shardvi``) unless ``quiet``."""
+    """Show warnings as plain messages (also with ``quiet``, which only silences the progress).
+
+    The per-iteration lines come from ``optimize_kl(..., progress=...)`` (see
+    :func:`progress`); the ``shardvi`` logger is kept at WARNING so that they
+    are not printed twice.
+    """
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    logging.getLogger("shardvi").setLevel(logging.WARNING if quiet else logging.INFO)
+    logging.getLogger("shardvi").setLevel(logging.WARNING)
 
 
 def png_path(folder: str, name: str) -> str:

@@ -31,18 +31,44 @@ import os
 import sys
 import time
 
+import numpy as np
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:  # sibling modules (_demo_utils, the flagship) when imported from elsewhere
     sys.path.insert(0, _HERE)
+
+import _demo_utils as du  # noqa: E402
+
+
+def parse(argv=None):
+    """Command-line flags (checked; ``ValueError`` naming the flag). Needs neither JAX nor shardvi."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--npix", type=int, default=64, help="pixels per axis (default 64)")
+    ap.add_argument("--noise-std", type=float, default=0.2, help="Gaussian noise std (default 0.2)")
+    ap.add_argument("--linear-iterations", type=int, default=2,
+                    help="leading MGVI iterations before geoVI (default 2)")
+    du.add_common_flags(ap, samples=10, iterations=8, seed=0, output="demo_output/correlated_field_2d")
+    args = ap.parse_args(argv)
+    du.check_common(args)
+    du.check_positive(args.npix, "--npix", minimum=8)
+    du.check_positive(args.linear_iterations, "--linear-iterations", minimum=0)
+    if args.linear_iterations > args.iterations:
+        raise ValueError(f"--linear-iterations ({args.linear_iterations}) must be <= --iterations "
+                         f"({args.iterations})")
+    if not (np.isfinite(args.noise_std) and args.noise_std > 0):
+        raise ValueError(f"--noise-std must be a positive finite float, got {args.noise_std!r}")
+    return args
+
+
+if __name__ == "__main__":  # --help and bad flags answer before JAX is imported
+    ARGS = du.parse_or_exit(parse)
 
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 
-import _demo_utils as du  # noqa: E402
 import shardvi as sv  # noqa: E402
 from shardvi import plot  # noqa: E402
 from shardvi.vi.diagnostics import pooled_chi2  # noqa: E402
@@ -131,13 +157,16 @@ def solver_configs():
 
 
 def reconstruct(problem: Problem, *, n_samples: int, iterations: int, linear_iterations: int, seed: int,
-                strategy):
-    """MGVI (``linear_resample``) for ``linear_iterations``, then geoVI (``nonlinear_resample``)."""
+                strategy, progress="auto"):
+    """MGVI (``linear_resample``) for ``linear_iterations``, then geoVI (``nonlinear_resample``).
+
+    ``progress`` is that of :func:`shardvi.optimize_kl`.
+    """
     def mode(i):
         return "linear_resample" if i < linear_iterations else "nonlinear_resample"
     return sv.optimize_kl(problem.likelihood, problem.initial_position(seed), key=jax.random.PRNGKey(seed + 1),
                           n_total_iterations=iterations, n_samples=n_samples, sample_mode=mode,
-                          sample_map=strategy, kl_map=strategy, **solver_configs())
+                          sample_map=strategy, kl_map=strategy, progress=progress, **solver_configs())
 
 
 def check(chi2: float, coverage: float) -> list:
@@ -150,34 +179,17 @@ def check(chi2: float, coverage: float) -> list:
     return failures
 
 
-def parse(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--npix", type=int, default=64, help="pixels per axis (default 64)")
-    ap.add_argument("--noise-std", type=float, default=0.2, help="Gaussian noise std (default 0.2)")
-    ap.add_argument("--linear-iterations", type=int, default=2,
-                    help="leading MGVI iterations before geoVI (default 2)")
-    du.add_common_flags(ap, samples=10, iterations=8, seed=0, output="demo_output/correlated_field_2d")
-    args = ap.parse_args(argv)
-    du.check_common(args)
-    du.check_positive(args.npix, "--npix", minimum=8)
-    du.check_positive(args.linear_iterations, "--linear-iterations", minimum=0)
-    if args.linear_iterations > args.iterations:
-        raise ValueError(f"--linear-iterations ({args.linear_iterations}) must be <= --iterations "
-                         f"({args.iterations})")
-    if not (np.isfinite(args.noise_std) and args.noise_std > 0):
-        raise ValueError(f"--noise-std must be a positive finite float, got {args.noise_std!r}")
-    return args
-
-
-def main(argv=None) -> int:
-    args = parse(argv)
+def main(argv=None, *, args=None) -> int:
+    """Run the demo with the flags ``argv`` (or already parsed ``args``); returns the exit status."""
+    args = parse(argv) if args is None else args
     du.setup_logging(args.quiet)
     devices = du.setup_devices(args.devices)
     strategy = du.make_strategy(args.strategy, devices)
     t0 = time.perf_counter()
     problem = Problem(args.npix, args.seed, args.noise_std)
     samples, state = reconstruct(problem, n_samples=args.n_samples, iterations=args.iterations,
-                                 linear_iterations=args.linear_iterations, seed=args.seed, strategy=strategy)
+                                 linear_iterations=args.linear_iterations, seed=args.seed, strategy=strategy,
+                                 progress=du.progress(args.quiet))
     wall = time.perf_counter() - t0
 
     sky_samples = np.asarray(samples.map(problem.sky))
@@ -222,8 +234,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(du.run_main(main, ARGS))

@@ -23,22 +23,56 @@ import os
 import sys
 import time
 
+import numpy as np
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:  # sibling modules (_demo_utils, the flagship) when imported from elsewhere
     sys.path.insert(0, _HERE)
+
+import _demo_utils as du  # noqa: E402
+
+MULTI_DEVICE_NAMES = ("shard_map", "pmap", "jit")
+REDUCE_MODES = ("fixed", "psum")   # = shardvi.parallel.REDUCE_MODES (tests/test_demos.py checks)
+PSUM_STD_FRACTION = 0.05
+
+
+def parse(argv=None):
+    """Command-line flags (checked; ``ValueError`` naming the flag). Needs neither JAX nor shardvi."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--npix", type=int, default=48, help="pixels per axis (default 48)")
+    ap.add_argument("--linear-iterations", type=int, default=2,
+                    help="leading MGVI iterations before geoVI (default 2)")
+    ap.add_argument("--reduce", default="fixed", help="'fixed' (reproducible, default) or 'psum'")
+    ap.add_argument("--chunk-size", type=int, default=1, help="samples per vectorized step per device (default 1)")
+    du.add_common_flags(ap, samples=4, iterations=3, seed=0, output="demo_output/multi_device_comparison",
+                        strategy="shard_map", devices=4)
+    args = ap.parse_args(argv)
+    if args.strategy not in MULTI_DEVICE_NAMES:
+        raise ValueError(f"--strategy must be a multi-device strategy {MULTI_DEVICE_NAMES}, got {args.strategy!r}")
+    du.check_common(args)
+    du.check_positive(args.devices, "--devices", minimum=2)
+    du.check_positive(args.npix, "--npix", minimum=8)
+    du.check_positive(args.chunk_size, "--chunk-size")
+    du.check_positive(args.linear_iterations, "--linear-iterations", minimum=0)
+    if args.linear_iterations > args.iterations:
+        raise ValueError(f"--linear-iterations ({args.linear_iterations}) must be <= --iterations "
+                         f"({args.iterations})")
+    if args.reduce not in REDUCE_MODES:
+        raise ValueError(f"--reduce must be one of {REDUCE_MODES}, got {args.reduce!r}")
+    return args
+
+
+if __name__ == "__main__":  # --help and bad flags answer before JAX is imported
+    ARGS = du.parse_or_exit(parse)
 
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
-import numpy as np  # noqa: E402
-
-import _demo_utils as du  # noqa: E402
 import correlated_field_2d as flagship  # noqa: E402
 from shardvi import parallel  # noqa: E402
 
 MULTI_DEVICE = {"shard_map": parallel.ShardMap, "pmap": parallel.Pmap, "jit": parallel.JitSharding}
-PSUM_STD_FRACTION = 0.05
 
 
 def run(problem, devices, args):
@@ -47,7 +81,7 @@ def run(problem, devices, args):
     t0 = time.perf_counter()
     samples, state = flagship.reconstruct(problem, n_samples=args.n_samples, iterations=args.iterations,
                                           linear_iterations=args.linear_iterations, seed=args.seed,
-                                          strategy=strategy)
+                                          strategy=strategy, progress=du.progress(args.quiet))
     sky = np.asarray(samples.map(problem.sky))
     flat = np.concatenate([np.asarray(x).reshape(len(samples), -1) for x in jax.tree.leaves(samples.samples)],
                           axis=1)
@@ -80,33 +114,9 @@ def plot_comparison(one, many, n, title, path):
     return plot.save(fig, path)
 
 
-def parse(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--npix", type=int, default=48, help="pixels per axis (default 48)")
-    ap.add_argument("--linear-iterations", type=int, default=2,
-                    help="leading MGVI iterations before geoVI (default 2)")
-    ap.add_argument("--reduce", default="fixed", help="'fixed' (reproducible, default) or 'psum'")
-    ap.add_argument("--chunk-size", type=int, default=1, help="samples per vectorized step per device (default 1)")
-    du.add_common_flags(ap, samples=4, iterations=3, seed=0, output="demo_output/multi_device_comparison",
-                             strategy="shard_map", devices=4)
-    args = ap.parse_args(argv)
-    if args.strategy not in MULTI_DEVICE:
-        raise ValueError(f"--strategy must be a multi-device strategy {tuple(MULTI_DEVICE)}, got {args.strategy!r}")
-    du.check_common(args)
-    du.check_positive(args.devices, "--devices", minimum=2)
-    du.check_positive(args.npix, "--npix", minimum=8)
-    du.check_positive(args.chunk_size, "--chunk-size")
-    du.check_positive(args.linear_iterations, "--linear-iterations", minimum=0)
-    if args.linear_iterations > args.iterations:
-        raise ValueError(f"--linear-iterations ({args.linear_iterations}) must be <= --iterations "
-                         f"({args.iterations})")
-    if args.reduce not in parallel.REDUCE_MODES:
-        raise ValueError(f"--reduce must be one of {parallel.REDUCE_MODES}, got {args.reduce!r}")
-    return args
-
-
-def main(argv=None) -> int:
-    args = parse(argv)
+def main(argv=None, *, args=None) -> int:
+    """Run the comparison with the flags ``argv`` (or already parsed ``args``); returns the exit status."""
+    args = parse(argv) if args is None else args
     du.setup_logging(args.quiet)
     devices = du.setup_devices(args.devices)
     problem = flagship.Problem(args.npix, args.seed)
@@ -147,8 +157,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(du.run_main(main, ARGS))

@@ -24,18 +24,49 @@ import os
 import sys
 import time
 
+import numpy as np
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:  # sibling modules (_demo_utils, the flagship) when imported from elsewhere
     sys.path.insert(0, _HERE)
+
+import _demo_utils as du  # noqa: E402
+
+
+def parse(argv=None):
+    """Command-line flags (checked; ``ValueError`` naming the flag). Needs neither JAX nor shardvi."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--npix", type=int, default=64, help="image pixels per axis (default 64)")
+    ap.add_argument("--antennas", type=int, default=10, help="number of antennas (default 10)")
+    ap.add_argument("--times", type=int, default=16, help="hour angles per baseline (default 16)")
+    ap.add_argument("--noise-level", type=float, default=0.05,
+                    help="noise std per real/imaginary part in units of rms|V| (default 0.05)")
+    ap.add_argument("--linear-iterations", type=int, default=2,
+                    help="leading MGVI iterations before geoVI (default 2)")
+    du.add_common_flags(ap, samples=6, iterations=6, seed=0, output="demo_output/radio_imaging")
+    args = ap.parse_args(argv)
+    du.check_common(args)
+    du.check_positive(args.npix, "--npix", minimum=8)
+    du.check_positive(args.antennas, "--antennas", minimum=3)
+    du.check_positive(args.times, "--times", minimum=1)
+    du.check_positive(args.linear_iterations, "--linear-iterations", minimum=0)
+    if args.linear_iterations > args.iterations:
+        raise ValueError(f"--linear-iterations ({args.linear_iterations}) must be <= --iterations "
+                         f"({args.iterations})")
+    if not (np.isfinite(args.noise_level) and args.noise_level > 0):
+        raise ValueError(f"--noise-level must be a positive finite float, got {args.noise_level!r}")
+    return args
+
+
+if __name__ == "__main__":  # --help and bad flags answer before JAX is imported
+    ARGS = du.parse_or_exit(parse)
 
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 
-import _demo_utils as du  # noqa: E402
 import shardvi as sv  # noqa: E402
 from shardvi import plot  # noqa: E402
 from shardvi.vi.diagnostics import pooled_chi2  # noqa: E402
@@ -156,32 +187,9 @@ def check(chi2: float, corr_mean: float, corr_dirty: float) -> list:
     return failures
 
 
-def parse(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--npix", type=int, default=64, help="image pixels per axis (default 64)")
-    ap.add_argument("--antennas", type=int, default=10, help="number of antennas (default 10)")
-    ap.add_argument("--times", type=int, default=16, help="hour angles per baseline (default 16)")
-    ap.add_argument("--noise-level", type=float, default=0.05,
-                    help="noise std per real/imaginary part in units of rms|V| (default 0.05)")
-    ap.add_argument("--linear-iterations", type=int, default=2,
-                    help="leading MGVI iterations before geoVI (default 2)")
-    du.add_common_flags(ap, samples=6, iterations=6, seed=0, output="demo_output/radio_imaging")
-    args = ap.parse_args(argv)
-    du.check_common(args)
-    du.check_positive(args.npix, "--npix", minimum=8)
-    du.check_positive(args.antennas, "--antennas", minimum=3)
-    du.check_positive(args.times, "--times", minimum=1)
-    du.check_positive(args.linear_iterations, "--linear-iterations", minimum=0)
-    if args.linear_iterations > args.iterations:
-        raise ValueError(f"--linear-iterations ({args.linear_iterations}) must be <= --iterations "
-                         f"({args.iterations})")
-    if not (np.isfinite(args.noise_level) and args.noise_level > 0):
-        raise ValueError(f"--noise-level must be a positive finite float, got {args.noise_level!r}")
-    return args
-
-
-def main(argv=None) -> int:
-    args = parse(argv)
+def main(argv=None, *, args=None) -> int:
+    """Run the demo with the flags ``argv`` (or already parsed ``args``); returns the exit status."""
+    args = parse(argv) if args is None else args
     du.setup_logging(args.quiet)
     devices = du.setup_devices(args.devices)
     strategy = du.make_strategy(args.strategy, devices)
@@ -192,7 +200,7 @@ def main(argv=None) -> int:
         prob.likelihood, pos, key=jax.random.PRNGKey(args.seed + 1), n_total_iterations=args.iterations,
         n_samples=args.n_samples,
         sample_mode=lambda i: "linear_resample" if i < args.linear_iterations else "nonlinear_resample",
-        sample_map=strategy, kl_map=strategy, **solver_configs())
+        sample_map=strategy, kl_map=strategy, progress=du.progress(args.quiet), **solver_configs())
     wall = time.perf_counter() - t0
 
     sky = np.asarray(samples.map(prob.sky))
@@ -232,8 +240,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(du.run_main(main, ARGS))

@@ -3,27 +3,64 @@
 >>> import shardvi as sv
 >>> lh = sv.Gaussian(data, noise_std=0.1).amend(sv.Model(call, domain))
 >>> samples, state = sv.optimize_kl(lh, pos, key=key, n_total_iterations=5, n_samples=4)
+
+The names below are imported on first access (PEP 562 ``__getattr__``): ``import
+shardvi`` itself imports neither JAX nor jax-finufft nor matplotlib, so
+``python -m shardvi --help`` answers at once and ``sv.plot`` is available
+without making matplotlib a cost of every import. ``sv.plot`` never selects a
+matplotlib backend.
 """
-from . import minimizers, models, parallel, tree_math, vi
-from .minimizers import CGConfig, NewtonCGConfig, OptaxConfig
-from .models import (
-    CorrelatedField, CorrelatedFieldMaker, InvGamma, Laplace, LogNormal, Mask, Model, NUFFTResponse, Normal, Prior,
-    Sampling, Uniform, prior_model,
-)
-from .vi import (
-    CheckpointError, Gaussian, IterationReport, Likelihood, NonFiniteError, OptimizeVI, OptimizeVIState, Poisson,
-    SampleMode, Samples, StudentT, VariableCovarianceGaussian, draw_linear_residual, load_checkpoint,
-    minisanity, nonlinearly_update_residual, optimize_kl, residual_stats, save_checkpoint,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "CGConfig", "CheckpointError", "Gaussian", "IterationReport", "Likelihood", "Model", "NonFiniteError", "NewtonCGConfig",
-    "OptaxConfig", "OptimizeVI", "OptimizeVIState", "Poisson", "SampleMode", "Samples", "StudentT",
-    "VariableCovarianceGaussian", "draw_linear_residual", "load_checkpoint", "minimizers", "minisanity",
-    "models", "nonlinearly_update_residual", "optimize_kl", "parallel", "residual_stats", "save_checkpoint",
-    "tree_math", "vi",
-]
-__all__ += ["CorrelatedField", "CorrelatedFieldMaker", "InvGamma", "Laplace", "LogNormal", "Mask", "NUFFTResponse",
-            "Normal", "Prior", "Sampling", "Uniform", "prior_model"]
+# submodules reachable as attributes (``sv.vi``, ``sv.plot``, ...)
+_SUBMODULES = ("minimizers", "models", "parallel", "plot", "tree_math", "vi")
+
+# top-level name -> submodule that defines it (add new exports here and in the TYPE_CHECKING block)
+_EXPORTS = {
+    "minimizers": ("CGConfig", "NewtonCGConfig", "OptaxConfig"),
+    "models": ("CorrelatedField", "CorrelatedFieldMaker", "InvGamma", "Laplace", "LogNormal", "Mask", "Model",
+               "NUFFTResponse", "Normal", "Prior", "Sampling", "Uniform", "prior_model"),
+    "vi": ("CheckpointError", "Gaussian", "IterationReport", "Likelihood", "NonFiniteError",
+           "NonPositiveCurvatureError", "OptimizeVI",
+           "OptimizeVIState", "Poisson", "SampleMode", "Samples", "StudentT", "VariableCovarianceGaussian",
+           "draw_linear_residual", "load_checkpoint", "minisanity", "nonlinearly_update_residual", "optimize_kl",
+           "residual_stats", "save_checkpoint"),
+}
+_ORIGIN = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_ORIGIN) + list(_SUBMODULES)
+
+if TYPE_CHECKING:  # static analysers and IDEs see the real imports
+    from . import minimizers, models, parallel, plot, tree_math, vi  # noqa: F401
+    from .minimizers import CGConfig, NewtonCGConfig, OptaxConfig  # noqa: F401
+    from .models import (  # noqa: F401
+        CorrelatedField, CorrelatedFieldMaker, InvGamma, Laplace, LogNormal, Mask, Model, NUFFTResponse, Normal,
+        Prior, Sampling, Uniform, prior_model,
+    )
+    from .vi import (  # noqa: F401
+        CheckpointError, Gaussian, IterationReport, Likelihood, NonFiniteError, NonPositiveCurvatureError,
+        OptimizeVI, OptimizeVIState,
+        Poisson, SampleMode, Samples, StudentT, VariableCovarianceGaussian, draw_linear_residual, load_checkpoint,
+        minisanity, nonlinearly_update_residual, optimize_kl, residual_stats, save_checkpoint,
+    )
+
+
+def __getattr__(name: str):
+    """Import a submodule or an exported name on first access and cache it in the module."""
+    if name in _SUBMODULES:
+        value = importlib.import_module(f".{name}", __name__)
+    elif name in _ORIGIN:
+        value = getattr(importlib.import_module(f".{_ORIGIN[name]}", __name__), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -4,13 +4,16 @@
 N devices and prints the largest absolute and relative differences of the
 samples, the posterior mean and the posterior standard deviation::
 
-    python -m shardvi compare --devices 4 --strategy shard_map [--demo lognormal_1d]
+    python -m shardvi compare --devices 4 --strategy shard_map [--demo lognormal_1d] [--n-samples 4]
 
 In the reproducible mode (default) every difference is exactly 0; with
 ``--reduce psum`` each cross-device mean differs by about one ulp, and the
 solvers (CG, Newton-CG) amplify that over the iterations to relative
 differences of ~1e-5 or less in the final samples. On CPU the devices are
-forced with ``jax_num_cpu_devices`` (as many as ``--devices``).
+forced with ``jax_num_cpu_devices`` (as many as ``--devices``). Progress (a bar
+on a terminal, one line per iteration otherwise) goes to standard error unless
+``--quiet``; the result goes to standard output. The arguments are parsed before
+JAX is imported: ``--help`` and bad flags answer at once.
 """
 from __future__ import annotations
 
@@ -48,7 +51,7 @@ def _strategy(name, devices, reduce, chunk_size):
 
 def compare(devices: int = 4, strategy: str = "shard_map", demo: str = "lognormal_1d", *, npix: int = 64,
             n_samples: int = 4, iterations: int = 3, reduce: str = "fixed", chunk_size: int = 1,
-            seed: int = 0) -> dict:
+            seed: int = 0, progress="auto") -> dict:
     """Run ``demo`` with ``strategy`` on 1 and on ``devices`` devices; return the differences.
 
     Returns
@@ -57,12 +60,16 @@ def compare(devices: int = 4, strategy: str = "shard_map", demo: str = "lognorma
         ``samples``, ``mean``, ``std``, ``kl_energy``: each ``{"max_abs", "max_rel",
         "bitwise_equal"}`` (N devices against 1); ``time_1``, ``time_n``:
         wall time of each run in seconds; plus the settings.
+
+    ``progress`` is passed to :func:`shardvi.optimize_kl` (``False``: silent);
+    unless it is ``False``/``"off"`` each run is announced on standard error.
     """
     import jax
     import numpy as np
 
     import shardvi as sv
     from ._demo_models import build_demo
+    from .vi.progress import check_progress
 
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
         raise ValueError(f"devices must be an int >= 1, got {devices!r}")
@@ -71,26 +78,30 @@ def compare(devices: int = 4, strategy: str = "shard_map", demo: str = "lognorma
         raise ValueError(f"devices={devices} but only {len(available)} {available[0].platform} device(s) exist "
                          f"(on CPU start a fresh process: python -m shardvi compare --devices {devices})")
     _strategy(strategy, list(available[:devices]), reduce, chunk_size)  # validate before running anything
+    progress = check_progress(progress)
     problem = build_demo(demo, npix=npix, seed=seed)
     mode_seq = ("linear_resample", "nonlinear_resample", "nonlinear_update")
     configs = dict(linear_sampling=sv.CGConfig(tol=1e-8, maxiter=200),
                    nonlinear_update=sv.NewtonCGConfig(xtol=1e-8, maxiter=10),
                    kl_minimization=sv.NewtonCGConfig(xtol=1e-8, maxiter=10))
 
-    def run(devs):
+    def run(devs, label):
         strat = _strategy(strategy, list(devs), reduce, chunk_size)
+        if progress != "off":
+            print(f"{label}: {demo} with {strategy} on {len(devs)} device(s), {iterations} iterations",
+                  file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         samples, state = sv.optimize_kl(
             problem.likelihood, problem.position, key=jax.random.PRNGKey(seed), n_total_iterations=iterations,
             n_samples=n_samples, sample_mode=lambda i: mode_seq[min(i, 2)], sample_map=strat, kl_map=strat,
-            **configs)
+            progress=progress, **configs)
         signal = np.stack([np.asarray(problem.signal(s)) for s in samples])
         flat = np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree.leaves(samples.samples)])
         energies = np.asarray([r.kl_energy for r in state.history])
         return flat, signal.mean(0), signal.std(0), energies, time.perf_counter() - t0
 
-    one = run(available[:1])
-    many = run(available[:devices])
+    one = run(available[:1], "run 1/2")
+    many = run(available[:devices], "run 2/2")
     names = ("samples", "mean", "std", "kl_energy")
     out = {name: _diff(many[i], one[i]) for i, name in enumerate(names)}
     out.update(time_1=one[4], time_n=many[4], devices=devices, strategy=strategy, demo=demo, reduce=reduce,
@@ -114,16 +125,20 @@ def main(argv=None, force_cpu_devices: bool = False) -> int:
     ap = argparse.ArgumentParser(prog="python -m shardvi", description="shardvi command-line tools")
     sub = ap.add_subparsers(dest="command", required=True)
     cp = sub.add_parser("compare", help="run one reconstruction on 1 and N devices and print the differences")
-    cp.add_argument("--devices", type=int, default=4, help="number of devices N (forced CPU devices on CPU)")
-    cp.add_argument("--strategy", default="shard_map", choices=("shard_map", "pmap", "jit", "vmap", "lax_map"))
-    cp.add_argument("--demo", default="lognormal_1d", help="demo problem: lognormal_1d or wiener_1d")
-    cp.add_argument("--npix", type=int, default=64)
-    cp.add_argument("--samples", type=int, default=4, help="antithetic sample pairs")
-    cp.add_argument("--iterations", type=int, default=3)
-    cp.add_argument("--reduce", default="fixed", choices=("fixed", "psum"))
-    cp.add_argument("--chunk-size", type=int, default=1)
-    cp.add_argument("--seed", type=int, default=0)
+    cp.add_argument("--devices", type=int, default=4,
+                    help="number of devices N; on CPU that many are forced (default 4)")
+    cp.add_argument("--strategy", default="shard_map", choices=("shard_map", "pmap", "jit", "vmap", "lax_map"),
+                    help="sample_map/kl_map strategy (default shard_map)")
+    cp.add_argument("--demo", default="lognormal_1d", help="demo problem: lognormal_1d (default) or wiener_1d")
+    cp.add_argument("--npix", type=int, default=64, help="pixels (default 64)")
+    cp.add_argument("--n-samples", type=int, default=4, help="antithetic sample pairs per iteration (default 4)")
+    cp.add_argument("--iterations", type=int, default=3, help="global MGVI/geoVI iterations (default 3)")
+    cp.add_argument("--reduce", default="fixed", choices=("fixed", "psum"),
+                    help="cross-device mean: fixed (reproducible, default) or psum")
+    cp.add_argument("--chunk-size", type=int, default=1, help="samples per vectorized step per device (default 1)")
+    cp.add_argument("--seed", type=int, default=0, help="seed of data and samples (default 0)")
     cp.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    cp.add_argument("--quiet", action="store_true", help="no progress on standard error")
     args = ap.parse_args(argv)
 
     import jax
@@ -134,8 +149,9 @@ def main(argv=None, force_cpu_devices: bool = False) -> int:
             pass
     jax.config.update("jax_enable_x64", True)
     try:
-        res = compare(args.devices, args.strategy, args.demo, npix=args.npix, n_samples=args.samples,
-                      iterations=args.iterations, reduce=args.reduce, chunk_size=args.chunk_size, seed=args.seed)
+        res = compare(args.devices, args.strategy, args.demo, npix=args.npix, n_samples=args.n_samples,
+                      iterations=args.iterations, reduce=args.reduce, chunk_size=args.chunk_size, seed=args.seed,
+                      progress=False if args.quiet else "auto")
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -3,17 +3,18 @@
 All functions take plain arrays (NumPy or JAX), return the matplotlib
 ``Figure`` and, when ``path`` is given, save it there (parent folders are
 created) and close it.
+
+The module never selects a matplotlib backend: the user's choice (or
+matplotlib's default, Agg where there is no display) is kept. ``import
+shardvi`` does not import this module; ``sv.plot`` does, on first access.
 """
 from __future__ import annotations
 
 import os
 from typing import Optional, Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
 __all__ = ["plot_reconstruction", "plot_samples", "plot_power_spectra", "plot_convergence", "save"]
 

@@ -2,6 +2,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import shardvi as sv
@@ -14,6 +15,44 @@ LH = sv.Gaussian(DATA, noise_std=0.5).amend(MODEL)
 DICT_LH = sv.Gaussian(DATA, noise_std=0.5).amend(
     sv.Model(lambda x: jnp.exp(x["a"]) + x["b"], {"a": DOMAIN, "b": jax.ShapeDtypeStruct((), jnp.float64)}))
 KEY = jax.random.PRNGKey(0)
+
+
+POS, RES = jnp.zeros(N), jnp.zeros((2, N))          # a latent position and two residuals (one antithetic pair)
+TUPLE_DATA = (np.ones(2), np.ones(2))
+F32 = jax.ShapeDtypeStruct((N,), jnp.float32)
+
+
+def _optimizer(init, update):
+    """A duck-typed (or wrongly written) optax optimizer."""
+    return sv.OptaxConfig(optax.GradientTransformation(init, update))
+
+
+class _DropsSampleAxis:
+    """Looks like a strategy (name, map, mean) but ``map`` returns the first sample only."""
+
+    name = "drops"
+
+    def map(self, fn, in_axes):
+        return lambda *args: fn(*args)[0]
+
+    def mean(self, stacked):
+        return stacked
+
+
+class _MeanKeepsAxis(_DropsSampleAxis):
+    """``map`` is right, ``mean`` returns the stacked values unreduced."""
+
+    def map(self, fn, in_axes):
+        return jax.vmap(fn, in_axes=in_axes)
+
+
+class _RaisingMap(_DropsSampleAxis):
+    def map(self, fn, in_axes):
+        raise RuntimeError("not implemented")
+
+
+def _devices_gen():
+    yield from jax.devices()[:2]
 
 
 def run(**kw):
@@ -77,6 +116,130 @@ CASES = [
      "compiler_options.*xla_no_such_option"),
     ("compiler_options bad XLA value", lambda: run(compiler_options={"xla_backend_optimization_level": "high"}),
      ValueError, "compiler_options.*xla_backend_optimization_level"),
+    # -- issue 10, item 8: complex values on a real latent space
+    ("complex position", lambda: run(position=jnp.zeros(N) + 1j), TypeError, "position.*complex"),
+    ("complex Model domain", lambda: sv.Model(lambda x: x, jax.ShapeDtypeStruct((N,), jnp.complex128)),
+     TypeError, "domain.*real"),
+    ("complex latent likelihood", lambda: run(likelihood=sv.Gaussian(DATA + 1j, noise_std=1.0),
+                                              position=jnp.zeros(N, jnp.complex128)), TypeError,
+     "likelihood.*complex"),
+    # -- item 9: noise containers whose structure is not the data's
+    ("noise_std list for tuple data", lambda: sv.Gaussian(TUPLE_DATA, noise_std=[0.1, 0.2]), ValueError,
+     "noise_std.*structure"),
+    ("noise_std tuple of wrong length", lambda: sv.Gaussian(TUPLE_DATA, noise_std=(0.1, 0.2, 0.3)), ValueError,
+     "noise_std.*structure"),
+    ("noise_cov_inv dict for list data", lambda: sv.Gaussian([np.ones(2), np.ones(2)], noise_cov_inv={"a": 1.0}),
+     ValueError, "noise_cov_inv.*structure"),
+    ("StudentT noise_std list for tuple data", lambda: sv.StudentT(TUPLE_DATA, 3.0, [0.1, 0.2]), ValueError,
+     "noise_std.*structure"),
+    ("noise_std ragged list", lambda: sv.Gaussian(DATA, noise_std=[0.1, [0.2, 0.3]]), TypeError, "noise_std"),
+    ("noise_std complex", lambda: sv.Gaussian(DATA, noise_std=0.1 + 0j), TypeError, "noise_std.*real"),
+    # -- item 10: devices that a one-device strategy would ignore
+    ("devices with vmap", lambda: run(sample_map="vmap", devices=jax.devices()[:2]), ValueError,
+     "devices.*sample_map='vmap'"),
+    ("devices with lax_map", lambda: run(kl_map="lax_map", sample_map="shard_map", devices=jax.devices()[:2]),
+     ValueError, "devices.*kl_map='lax_map'"),
+    ("devices with Vmap object", lambda: run(sample_map=sv.parallel.Vmap(), devices=jax.devices()[:2]),
+     ValueError, r"devices.*Vmap\(\)"),
+    ("devices with LaxMap object", lambda: run(sample_map="shard_map", kl_map=sv.parallel.LaxMap(),
+                                                             devices=jax.devices()[:3]),
+     ValueError, r"devices.*LaxMap\(\)"),
+    ("vmap on another device", lambda: run(devices=jax.devices()[1:2]), ValueError, "devices.*runs on"),
+    ("devices with ShardMap object", lambda: run(sample_map=sv.parallel.ShardMap(devices=jax.devices()[:2]),
+                                                 kl_map="shard_map", devices=jax.devices()[:4]), ValueError,
+     "devices.*ShardMap"),
+    # -- item 11: dtypes of the model output and the data
+    ("float32 data, float64 model", lambda: sv.Gaussian(DATA.astype(np.float32), noise_std=0.5).amend(MODEL),
+     TypeError, "model.*float64.*data.*float32"),
+    ("float64 data, float32 model", lambda: sv.Gaussian(DATA, noise_std=0.5).amend(sv.Model(jnp.exp, F32)),
+     TypeError, "model.*float32.*data.*float64"),
+    ("bfloat16 model", lambda: sv.Gaussian(DATA, noise_std=0.5).amend(
+        sv.Model(jnp.exp, jax.ShapeDtypeStruct((N,), jnp.bfloat16))), TypeError, "bfloat16.*float64"),
+    ("complex64 data, complex128 model", lambda: sv.Gaussian(np.ones(N, np.complex64), noise_std=0.5).amend(
+        sv.Model(lambda x: jnp.exp(1j * x), DOMAIN)), TypeError, "complex128.*complex64"),
+    ("dtype mismatch names the leaf", lambda: sv.Gaussian({"a": DATA, "b": DATA.astype(np.float32)},
+                                                          noise_std=0.5).amend(
+        sv.Model(lambda x: {"a": x, "b": x}, DOMAIN)), TypeError, r"\['b'\]"),
+    # -- item 12 (see also test_minimizers): optimizers that cannot run are refused at construction
+    ("optimizer update not a pair", lambda: run(kl_minimization=_optimizer(lambda p: (), lambda g, s, p=None: g)),
+     TypeError, r"kl_minimization\.optimizer\.update must return a pair"),
+    ("optimizer updates wrong shape", lambda: run(kl_minimization=_optimizer(
+        lambda p: (), lambda g, s, p=None: (jnp.zeros(N + 1), s))), TypeError,
+     r"kl_minimization\.optimizer\.update.*shape"),
+    ("optimizer state changes type", lambda: run(kl_minimization=_optimizer(
+        lambda p: jnp.zeros((), jnp.int32), lambda g, s, p=None: (g, jnp.zeros(2)))), TypeError,
+     r"kl_minimization\.optimizer\.update.*state"),
+    ("optimizer init raises", lambda: run(kl_minimization=_optimizer(
+        lambda p: 1 / 0, lambda g, s, p=None: (g, s))), TypeError, r"kl_minimization\.optimizer\.init"),
+    ("optimizer init not callable", lambda: sv.OptaxConfig(optax.GradientTransformation(3, lambda g, s: (g, s))),
+     TypeError, "optimizer"),
+    # -- item 13
+    ("empty data", lambda: sv.Gaussian(np.zeros(0), noise_std=1.0), ValueError, "data.*empty"),
+    ("empty counts leaf", lambda: sv.Poisson({"a": np.ones(2), "b": np.zeros((3, 0))}), ValueError,
+     "counts leaf 1.*empty"),
+    ("strategy class", lambda: run(sample_map=sv.parallel.ShardMap), TypeError,
+     "sample_map.*class ShardMap.*instantiate"),
+    ("strategy class Vmap", lambda: run(kl_map=sv.parallel.Vmap), TypeError, "kl_map.*instantiate"),
+    ("rbg key", lambda: run(key=jax.random.key(1, impl="rbg")), TypeError, "threefry2x32"),
+    ("batch of keys", lambda: run(key=jax.random.split(KEY, 3)), TypeError, "key.*batch"),
+    ("sample_mode returns garbage", lambda: run(sample_mode=lambda i: "sideways"), ValueError,
+     r"sample_mode\(0\) returned 'sideways'"),
+    ("sample_mode returns a number", lambda: run(sample_mode=lambda i: 3), TypeError,
+     r"sample_mode\(0\) returned 3"),
+    ("noise_std overflows float64", lambda: sv.Gaussian(DATA, noise_std=1e-200), ValueError,
+     r"noise_std.*1/noise_std\*\*2 overflows float64"),
+    ("noise_std overflows float32", lambda: sv.Gaussian(DATA.astype(np.float32), noise_std=1e-30), ValueError,
+     "noise_std.*overflows float32"),
+    ("noise_std underflows", lambda: sv.Gaussian(DATA, noise_std=np.array([1.0, 1.0, 1e200, 1.0])), ValueError,
+     "noise_std.*underflows"),
+    ("StudentT noise_std overflows", lambda: sv.StudentT(DATA, 3.0, 1e-200), ValueError, "noise_std.*overflows"),
+    ("noise_std not representable", lambda: sv.Gaussian(DATA.astype(np.float32), noise_std=1e-50), ValueError,
+     "noise_std.*float32"),
+    ("strategy map drops the sample axis", lambda: run(sample_map=_DropsSampleAxis()), TypeError,
+     r"sample_map.*_DropsSampleAxis\.map"),
+    ("strategy mean keeps the axis", lambda: run(kl_map=_MeanKeepsAxis()), TypeError,
+     r"kl_map.*_MeanKeepsAxis\.mean"),
+    ("strategy map raises", lambda: run(sample_map=_RaisingMap()), TypeError, "sample_map.*failed on a probe"),
+    ("devices generator with a bad entry", lambda: run(sample_map="shard_map", devices=(d for d in [3])), TypeError,
+     r"devices\[0\]"),
+    # -- item 14: the other public functions
+    ("draw_linear_residual batch of keys", lambda: sv.draw_linear_residual(LH, POS, jax.random.split(KEY, 4)),
+     TypeError, "key.*batch"),
+    ("draw_linear_residual wrong shape", lambda: sv.draw_linear_residual(LH, jnp.zeros(N + 1), KEY), ValueError,
+     "pos leaf 0 has shape"),
+    ("draw_linear_residual wrong structure", lambda: sv.draw_linear_residual(LH, {"a": POS}, KEY), ValueError,
+     "pos has tree structure"),
+    ("draw_linear_residual float32 pos", lambda: sv.draw_linear_residual(LH, jnp.zeros(N, jnp.float32), KEY),
+     TypeError, "pos.*float32"),
+    ("draw_linear_residual config type", lambda: sv.draw_linear_residual(LH, POS, KEY, sv.NewtonCGConfig()),
+     TypeError, "config must be a CGConfig"),
+    ("draw_linear_residual likelihood type", lambda: sv.draw_linear_residual(lambda x: x, POS, KEY), TypeError,
+     "lh must be"),
+    ("nonlinear update residual shape", lambda: sv.nonlinearly_update_residual(LH, POS, RES, KEY, 1.0), ValueError,
+     "residual leaf 0 has shape"),
+    ("nonlinear update sign array", lambda: sv.nonlinearly_update_residual(LH, POS, POS, KEY, jnp.ones(2)),
+     TypeError, "metric_sample_sign"),
+    ("nonlinear update batch of keys", lambda: sv.nonlinearly_update_residual(
+        LH, POS, POS, jax.random.split(KEY, 2), 1.0), TypeError, "key.*batch"),
+    ("nonlinear update config type", lambda: sv.nonlinearly_update_residual(LH, POS, POS, KEY, 1.0, sv.CGConfig()),
+     TypeError, "config must be a NewtonCGConfig"),
+    ("Samples residual without sample axis", lambda: sv.Samples(POS, POS), ValueError, r"residuals leaf 0.*n_samples"),
+    ("Samples residual wrong structure", lambda: sv.Samples(POS, {"a": RES}), ValueError, "residuals.*structure"),
+    ("Samples residual dtype", lambda: sv.Samples(POS, RES.astype(jnp.float32)), TypeError,
+     "residuals leaf 0 has dtype float32"),
+    ("Samples residual counts differ", lambda: sv.Samples({"a": POS, "b": POS}, {"a": RES, "b": RES[:1]}),
+     ValueError, "different sample counts"),
+    ("Samples keys wrong dtype", lambda: sv.Samples(POS, RES, jnp.zeros((1, 2))), TypeError, "keys.*uint32"),
+    ("Samples typed keys", lambda: sv.Samples(POS, RES, jax.random.split(jax.random.key(0), 1)), TypeError,
+     "keys.*uint32"),
+    ("Samples keys wrong count", lambda: sv.Samples(POS, RES, jax.random.split(KEY, 3)), ValueError,
+     "keys holds 3 keys for 2 residuals"),
+    ("Samples.at wrong shape", lambda: sv.Samples(POS, RES).at(jnp.zeros(N + 1)), ValueError, "pos leaf 0"),
+    ("Samples.at wrong dtype", lambda: sv.Samples(POS, RES).at(jnp.zeros(N, jnp.float32)), TypeError,
+     "pos leaf 0 has dtype float32"),
+    ("minisanity likelihood of another domain", lambda: sv.minisanity(sv.Samples(POS, RES), DICT_LH), ValueError,
+     "likelihood.*domain"),
+    ("minisanity samples type", lambda: sv.minisanity(POS, LH), TypeError, "samples must be"),
 ]
 
 
@@ -92,3 +255,70 @@ def test_error_messages_are_not_jax_internal():
     with pytest.raises(ValueError) as info:
         run(position=jnp.full(N, np.inf))
     assert "Traced" not in str(info.value) and "jax" not in str(info.value).lower()
+
+
+def test_noise_containers_that_match_the_data_are_read_per_leaf():
+    """Item 9, the accepted forms: a pytree of the data's structure (per leaf), array-likes for one array."""
+    d = (np.array([1.0, 2.0]), np.array([3.0]))
+    s0 = (jnp.zeros(2), jnp.zeros(1))
+    expected = 0.5 * (1.0 + 4.0) / 0.1**2 + 0.5 * 9.0 / 0.2**2
+    for noise in ((0.1, 0.2), (np.full(2, 0.1), [0.2]), (0.1, np.array([0.2]))):
+        np.testing.assert_allclose(float(sv.Gaussian(d, noise_std=noise).energy(s0)), expected, rtol=1e-14)
+        prec = tuple(1.0 / np.asarray(v, float) ** 2 for v in noise)
+        np.testing.assert_allclose(float(sv.Gaussian(d, noise_cov_inv=prec).energy(s0)), expected, rtol=1e-14)
+    # a plain list of numbers for array data is an array
+    a = sv.Gaussian(DATA, noise_std=[0.5, 1.0, 2.0, 4.0]).energy(jnp.zeros(N))
+    b = sv.Gaussian(DATA, noise_std=np.array([0.5, 1.0, 2.0, 4.0])).energy(jnp.zeros(N))
+    assert float(a) == float(b) == 0.5 * float(np.sum(1.0 / np.array([0.5, 1.0, 2.0, 4.0]) ** 2))
+    # a dict of the data's keys with array-likes as values
+    dd = {"a": np.ones(3), "b": np.ones(2)}
+    e = sv.Gaussian(dd, noise_std={"a": [1.0, 2.0, 4.0], "b": 0.5}).energy({"a": jnp.zeros(3), "b": jnp.zeros(2)})
+    np.testing.assert_allclose(float(e), 0.5 * (1 + 0.25 + 1 / 16 + 2 * 4.0), rtol=1e-14)
+    # one array broadcasts to every leaf of tuple data
+    e = sv.Gaussian((np.ones(2), np.ones(2)), noise_std=np.array([1.0, 0.5])).energy((jnp.zeros(2), jnp.zeros(2)))
+    np.testing.assert_allclose(float(e), 2 * 0.5 * (1 + 4.0), rtol=1e-14)
+
+
+def test_noise_std_near_the_overflow_limit_is_accepted():
+    """Item 13: the limit is 1/noise_std**2 finite in the data's dtype, not a fixed number."""
+    for dtype, ok in ((np.float64, 1e-150), (np.float32, 1e-18)):
+        lh = sv.Gaussian(DATA.astype(dtype), noise_std=ok)
+        assert np.isfinite(float(lh.energy(jnp.zeros(N, dtype))))
+        with pytest.raises(ValueError, match="noise_std.*overflows"):
+            sv.Gaussian(DATA.astype(dtype), noise_std=ok / 1e10)
+
+
+def test_devices_generator_is_read_once_and_one_device_strategies_take_their_device():
+    """Item 13: a generator of devices reaches both strategies; item 10: vmap with its own device is fine."""
+    opt = sv.OptimizeVI(LH, 1, n_samples=1, sample_map="shard_map", kl_map="pmap", devices=_devices_gen())
+    assert opt.sample_strategy.devices == opt.kl_strategy.devices == tuple(jax.devices()[:2])
+    opt = sv.OptimizeVI(LH, 1, n_samples=1, sample_map="vmap", kl_map=sv.parallel.LaxMap(),
+                        devices=jax.devices()[:1])
+    assert isinstance(opt.sample_strategy, sv.parallel.Vmap) and isinstance(opt.kl_strategy, sv.parallel.LaxMap)
+    # a strategy object with devices= equal to its own is not an error
+    shard = sv.parallel.ShardMap(devices=jax.devices()[:2])
+    assert sv.OptimizeVI(LH, 1, n_samples=1, sample_map=shard, kl_map=shard,
+                         devices=jax.devices()[:2]).sample_strategy is shard
+
+
+def test_matching_dtypes_amend_and_keep_their_dtype():
+    """Item 11: float32 data with a float32 model is accepted and stays float32."""
+    lh = sv.Gaussian(DATA.astype(np.float32), noise_std=0.5).amend(sv.Model(jnp.exp, F32))
+    e = lh.energy(jnp.zeros(N, jnp.float32))
+    assert e.dtype == jnp.float32
+    np.testing.assert_allclose(float(e), 0.0, atol=0)  # exp(0) = 1 = data
+
+
+def test_samples_validation_leaves_jax_transformations_alone():
+    """Item 14: Samples checks its inputs, but pytree round trips (vmap axes, tree_map) are not checked."""
+    smp = sv.Samples(POS, RES, jax.random.split(KEY, 1))
+    assert len(smp) == 2 and len(sv.Samples(POS, RES, jax.random.split(KEY, 2))) == 2  # per pair or per sample
+    axes = jax.tree_util.tree_map(lambda _: 0, smp)   # a Samples holding ints
+    assert axes.pos == 0 and axes.keys == 0
+    # built inside vmap from tracers (shapes are checked per batch member), and mapped with an in_axes spec
+    means = jax.vmap(lambda r: sv.Samples(POS, r).mean())(jnp.arange(3.0)[:, None, None] * jnp.ones((3, 2, N)))
+    np.testing.assert_array_equal(np.asarray(means), np.arange(3.0)[:, None] * np.ones((3, N)))
+    spec = sv.Samples.tree_unflatten(None, (None, 0, None))   # an in_axes spec (the constructor validates)
+    batch = sv.Samples.tree_unflatten(None, (POS, jnp.ones((3, 2, N)), None))
+    assert jax.vmap(lambda s: s.pos + s.residuals[0], in_axes=(spec,))(batch).shape == (3, N)
+    assert sv.Samples({"a": POS, "b": 0.0}, {"a": RES, "b": jnp.zeros(2)}).at({"a": POS, "b": 1.0}).pos["b"] == 1.0

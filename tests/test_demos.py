@@ -7,8 +7,10 @@ import importlib.util
 import logging
 import os
 import re
+import subprocess
 import sys
 
+import jax
 import matplotlib.image
 import pytest
 
@@ -60,8 +62,9 @@ def test_flagship_meets_chi2_and_coverage(tmp_path, capsys):
     demo = load("correlated_field_2d")
     status = demo.main(["--npix", "48", "--n-samples", "8", "--iterations", "6", "--seed", "0", "--quiet",
                         "--output", str(tmp_path)])
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert status == 0, out
+    assert "iteration" not in err                                  # --quiet: no progress
     chi2 = number(r"reduced chi\^2 of the likelihood residual .*?: ([0-9.]+)", out)
     cov = number(r"truth within posterior mean \+- 2 std: ([0-9.]+) %", out)
     assert abs(chi2 - 1) <= demo.CHI2_TOL and cov >= 100 * demo.COVERAGE_MIN
@@ -118,6 +121,69 @@ def test_multi_device_comparison_is_bitwise(tmp_path, capsys):
     ("multi_device_comparison", ["--devices", "64"], "--devices=64"),
 ])
 def test_bad_flags_name_the_argument(name, argv, flag, tmp_path):
+    # start the backend with conftest's 4 CPU devices: run first in a process, --devices 64 would force 64
+    jax.devices()
     demo = load(name)
     with pytest.raises(ValueError, match=re.escape(flag)):
         demo.main(argv + ["--output", str(tmp_path)])
+
+
+COMMON_FLAGS = ("--n-samples", "--iterations", "--strategy", "--devices", "--seed", "--output", "--quiet")
+SCRIPTS = [[os.path.join("demos", f"{name}.py")] for name in
+           ("correlated_field_2d", "radio_imaging", "multi_device_comparison", "wiener_filter_1d")]
+
+
+def run_script(args):
+    """``python -X importtime ARGS`` from the repository root; returns (rc, stdout, imported module names)."""
+    res = subprocess.run([sys.executable, "-X", "importtime"] + args, capture_output=True, text=True, cwd=ROOT,
+                         timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    imported = {ln.rsplit("|", 1)[1].strip() for ln in res.stderr.splitlines() if ln.startswith("import time:")}
+    errors = [ln for ln in res.stderr.splitlines() if not ln.startswith("import time:")]
+    return res.returncode, res.stdout, imported, "\n".join(errors)
+
+
+@pytest.mark.parametrize("script", SCRIPTS + [["-m", "shardvi", "compare"]], ids=lambda a: a[-1])
+def test_help_lists_the_common_flags_without_importing_jax(script):
+    rc, out, imported, err = run_script(script + ["--help"])
+    assert rc == 0, err
+    assert "usage:" in out
+    heavy = sorted(m for m in imported if m.split(".")[0] in ("jax", "jaxlib", "matplotlib", "jax_finufft")
+                   or m.startswith("shardvi."))
+    assert heavy == [], heavy
+    flags = set(re.findall(r"--[a-z][a-z-]*", out))
+    expected = set(COMMON_FLAGS) - ({"--output"} if script[0] == "-m" else set())   # compare writes no figures
+    assert expected <= flags, expected - flags
+    assert "--samples" not in flags
+
+
+@pytest.mark.parametrize("script, argv, message", [
+    (SCRIPTS[3], ["--n-samples", "0"], "error: --n-samples must be an int >= 1, got 0"),
+    (SCRIPTS[2], ["--reduce", "sum"], "error: --reduce must be one of ('fixed', 'psum'), got 'sum'"),
+    (SCRIPTS[0], ["--samples", "3"], "unrecognized arguments: --samples 3"),
+])
+def test_scripts_reject_bad_flags_before_importing_jax(script, argv, message):
+    rc, out, imported, err = run_script(script + argv)
+    assert rc == 2 and message in err
+    assert "jax" not in imported
+
+
+def test_readme_names_the_common_flags():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    demos = readme[readme.index("## Demos"):readme.index("| command |")]
+    assert all(f"`{flag}`" in demos for flag in COMMON_FLAGS)
+    assert "--samples" not in readme.replace("--n-samples", "")
+
+
+def test_multi_device_flag_values_match_shardvi():
+    from shardvi import parallel
+    demo = load("multi_device_comparison")
+    assert demo.MULTI_DEVICE_NAMES == tuple(demo.MULTI_DEVICE)
+    assert demo.REDUCE_MODES == tuple(parallel.REDUCE_MODES)
+
+
+def test_wiener_demo_takes_the_common_flags():
+    args = load("wiener_filter_1d").parse(["--n-samples", "3", "--strategy", "shard_map", "--devices", "2",
+                                           "--quiet", "--seed", "1", "--iterations", "2", "--output", "x"])
+    assert (args.n_samples, args.strategy, args.devices, args.quiet, args.seed, args.iterations, args.output) == \
+        (3, "shard_map", 2, True, 1, 2, "x")

@@ -1,12 +1,21 @@
-"""Figures are valid PNGs; the Wiener-filter demo reproduces the closed form."""
+"""Figures are valid PNGs; the Wiener-filter demo reproduces the closed form; the README's Usage
+snippet runs as written; ``import shardvi`` is light; the minisanity table is aligned."""
 import os
+import re
 import runpy
+import subprocess
 import sys
+import textwrap
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+import shardvi as sv
 from shardvi import plot
-from shardvi.vi.diagnostics import IterationReport
+from shardvi.vi.diagnostics import IterationReport, format_residual_stats
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -34,12 +43,143 @@ def test_plot_functions_write_pngs(tmp_path):
 
 
 def test_wiener_demo_runs_and_matches(tmp_path, monkeypatch, capsys):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    monkeypatch.setattr(sys, "argv", ["wiener_filter_1d.py", "--npix", "64", "--samples", "2",
+    monkeypatch.setattr(sys, "argv", ["wiener_filter_1d.py", "--npix", "64", "--n-samples", "2",
                                       "--iterations", "2", "--output", str(tmp_path)])
-    mod = runpy.run_path(os.path.join(root, "demos", "wiener_filter_1d.py"), run_name="demo")
+    mod = runpy.run_path(os.path.join(ROOT, "demos", "wiener_filter_1d.py"), run_name="demo")
     assert mod["main"]() == 0
-    out = capsys.readouterr().out
-    assert "Wiener filter" in out
+    out, err = capsys.readouterr()
+    rel = float(re.search(r"max \|MGVI mean - Wiener filter\| / max\|WF\| = (\S+)", out).group(1))
+    assert rel < mod["MAX_REL_ERROR"]
+    assert "vmap on 1 device(s)" in out
+    # progress (not --quiet, stderr no terminal): one summary line per iteration
+    assert [ln.split(" [")[0] for ln in err.splitlines() if ln.startswith("iteration")] == \
+        ["iteration 1/2", "iteration 2/2"]
     for f in ("reconstruction.png", "samples.png", "convergence.png"):
         assert is_png(tmp_path / f)
+
+
+def run_python(code):
+    """Run ``code`` in a fresh interpreter (no conftest); returns stdout, fails on a non-zero exit."""
+    res = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                         cwd=ROOT, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def test_import_is_light_and_plot_is_lazy():
+    """``import shardvi`` loads neither JAX, jax-finufft, matplotlib nor tqdm; ``sv.plot`` and
+    ``sv.NUFFTResponse`` load what they need on first use; the user's matplotlib backend is kept."""
+    out = run_python("""
+        import sys
+        import shardvi as sv
+        heavy = ("jax", "jax_finufft", "matplotlib", "tqdm")
+        print([m for m in heavy if m in sys.modules])
+        import matplotlib
+        matplotlib.use("svg")
+        print(sv.plot.plot_samples.__module__, matplotlib.get_backend(), "matplotlib" in sys.modules)
+        import numpy as np
+        r = sv.NUFFTResponse(np.array([10.0, -5.0]), np.array([3.0, 7.0]), (8, 8), (1e-3, 1e-3), dtype=np.float32)
+        print("jax_finufft" in sys.modules, r(np.ones((8, 8), np.float32)).shape)
+        print("jax_finufft" in sys.modules, "tqdm" in sys.modules)
+        print(sorted(set(sv.__all__) - set(dir(sv))), hasattr(sv, "no_such_name"))
+        """)
+    assert out.splitlines() == ["[]", "shardvi.plot svg True", "False (2,)", "True False", "[] False"]
+
+
+def test_top_level_names_resolve():
+    for name in sv.__all__:
+        assert getattr(sv, name) is not None, name
+    assert sv.plot is plot and sv.Gaussian is sv.vi.Gaussian and sv.NUFFTResponse is sv.models.NUFFTResponse
+    for listed in ("CorrelatedFieldMaker", "Normal", "LogNormal", "InvGamma", "Laplace", "Uniform", "prior_model",
+                   "NUFFTResponse", "Mask", "Sampling", "plot"):
+        assert listed in sv.__all__
+
+
+def test_type_checking_imports_match_the_lazy_table():
+    """The static imports (for IDEs and type checkers) name exactly what ``__getattr__`` serves."""
+    import ast
+    with open(os.path.join(ROOT, "shardvi", "__init__.py")) as f:
+        tree = ast.parse(f.read())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    static = {}
+    for node in block.body:
+        static.setdefault(node.module or "", set()).update(a.name for a in node.names)
+    assert static.pop("") == set(sv._SUBMODULES)
+    assert static == {mod: set(names) for mod, names in sv._EXPORTS.items()}
+
+
+def test_plot_never_selects_a_backend():
+    with open(os.path.join(ROOT, "shardvi", "plot.py")) as f:
+        src = f.read()
+    assert not re.search(r"\.use\(|switch_backend", src)
+
+
+def readme_section(title):
+    """The README's text under the heading line ``title`` up to the next heading (outside code blocks)."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        lines = f.read().splitlines()
+    start = lines.index(title) + 1
+    fenced = False
+    for end in range(start, len(lines)):
+        fenced ^= lines[end].startswith("```")
+        if not fenced and lines[end].startswith("#"):
+            break
+    else:
+        end = len(lines)
+    return "\n".join(lines[start:end])
+
+
+def test_readme_usage_snippet_runs_as_written(capsys):
+    """The Usage code block, executed unchanged, recovers the truth within its posterior std."""
+    code = re.search(r"```python\n(.*?)```", readme_section("## Usage"), re.S).group(1)
+    assert "resume=True" not in code
+    ns = {"__name__": "readme_usage"}
+    exec(compile(code, "README.md (Usage)", "exec"), ns)
+    out, err = capsys.readouterr()
+    mean, std, truth = (np.asarray(ns[k]) for k in ("mean", "std", "truth"))
+    assert mean.shape == std.shape == truth.shape == (128,)
+    assert np.all(std > 0)
+    assert np.mean(np.abs(mean - truth) <= 2 * std) >= 0.85           # 2-sigma coverage
+    # pixels are independent and the noise std is 0.1: the posterior is about data +- 0.1 (less where the prior
+    # of s = exp(xi) helps)
+    assert np.sqrt(np.mean((mean - truth) ** 2)) < 0.15
+    assert 0.03 < np.median(std) < 0.12
+    assert "posterior mean" in out and re.search(r"^likelihood\s+[0-9.]+", out, re.M)
+    assert len([ln for ln in err.splitlines() if ln.startswith("iteration ")]) == 4
+
+
+def test_readme_pieces_table_lists_the_public_pieces():
+    table = readme_section("### Pieces")
+    for piece in ("sv.CorrelatedFieldMaker", "sv.Normal", "sv.LogNormal", "sv.InvGamma", "sv.Laplace", "sv.Uniform",
+                  "sv.prior_model", "sv.NUFFTResponse", "sv.Mask", "sv.Sampling", "sv.plot", "sv.minisanity"):
+        assert f"`{piece}" in table, piece
+
+
+def test_minisanity_names_and_values():
+    """One array latent: rows ``likelihood`` and ``prior`` (no stray ``.``), chi^2 by hand."""
+    n = 5
+    data = np.linspace(0.5, 1.5, n)
+    lh = sv.Gaussian(data, noise_std=0.2).amend(sv.Model(jnp.exp, jax.ShapeDtypeStruct((n,), jnp.float64)))
+    rng = np.random.default_rng(0)
+    pos, res = 0.1 * rng.normal(size=n), rng.normal(size=(4, n))
+    table = sv.minisanity(sv.Samples(jnp.asarray(pos), jnp.asarray(res)), lh)
+    lines = table.splitlines()
+    assert [ln.split()[0] for ln in lines] == ["residual", "likelihood", "prior"]
+    assert "." not in "".join(ln.split()[0] for ln in lines[1:])
+    xs = pos + res
+    chi2_lh = np.mean(((data - np.exp(xs)) / 0.2) ** 2)
+    assert float(lines[1].split()[1]) == float(f"{chi2_lh:.4g}")
+    assert float(lines[2].split()[1]) == float(f"{np.mean(xs ** 2):.4g}")
+    assert lines[1].split()[-1] == lines[2].split()[-1] == str(n)
+
+
+def test_minisanity_columns_stay_aligned_for_long_names():
+    row = (1.0123, 0.05, -0.001, 12)
+    stats = {"likelihood": {".": row},
+             "prior": {"['a']": row, "['a_very_long_latent_parameter_name_indeed']": (123.4, 1.0, 2.0, 123456)}}
+    lines = format_residual_stats(stats).splitlines()
+    assert [ln.split()[0] for ln in lines] == ["residual", "likelihood", "prior['a']",
+                                               "prior['a_very_long_latent_parameter_name_indeed']"]
+    assert len({len(ln) for ln in lines}) == 1                       # every row as wide as the header
+    ends = {ln.index(ln.split()[1]) + len(ln.split()[1]) for ln in lines}
+    assert len(ends) == 1                                           # red.chi2 column right-aligned

@@ -59,13 +59,27 @@ def _tol(v):
 
 
 def cg_solve(matvec: Callable, b, x0=None, *, tol=1e-6, resnorm=None, absdelta=None,
-             miniter: int = 0, maxiter: int = 1000, name=None) -> CGResult:
+             miniter: int = 0, maxiter: int = 1000, name=None, min_curvature=None,
+             absdelta_miniter: int = 0) -> CGResult:
     """CG with tolerances that may be traced values (used by Newton-CG).
 
     Same semantics as :func:`conjugate_gradient`; ``None`` disables a criterion.
+
+    Parameters
+    ----------
+    min_curvature : float, optional
+        A known lower bound ``c`` with ``d.A.d >= c |d|^2`` for every ``d``
+        (``1`` for a metric ``J^T F J + I``). A direction that violates it by
+        more than rounding stops the solve with ``NONPOSITIVE_CURVATURE``: the
+        operator is broken (e.g. a noise covariance that is not positive).
+    absdelta_miniter : int
+        The energy rule (``absdelta``) counts only from this iteration on
+        (and from ``miniter``): one iteration's energy change is no measure of
+        stagnation.
     """
     dtype = tm.leaf_dtype(b)
     real = jnp.finfo(dtype).dtype
+    eps = jnp.asarray(jnp.finfo(real).eps, real)
     tol, resnorm, absdelta = (jnp.asarray(_tol(v), real) for v in (tol, resnorm, absdelta))
     bnorm = tm.norm(b)
     if x0 is None:
@@ -94,7 +108,11 @@ def cg_solve(matvec: Callable, b, x0=None, *, tol=1e-6, resnorm=None, absdelta=N
     def body(s):
         q = matvec(s.d)
         curv = tm.vdot(s.d, q)
-        ok = curv > 0
+        dd = tm.vdot(s.d, s.d)
+        scale = jnp.sqrt(dd) * tm.norm(q)  # |d.q| <= |d| |q|: curvature below eps |d| |q| is rounding noise
+        ok = curv > eps * scale  # also False for a nan curvature
+        if min_curvature is not None:
+            ok = ok & (curv >= min_curvature * dd - jnp.sqrt(eps) * scale)
         alpha = jnp.where(ok, s.gamma / jnp.where(ok, curv, 1), 0)
         x = tm.axpy(alpha, s.d, s.x)
         r = tm.axpy(-alpha, q, s.r)
@@ -105,7 +123,8 @@ def cg_solve(matvec: Callable, b, x0=None, *, tol=1e-6, resnorm=None, absdelta=N
         nit = s.nit + 1
         # gamma == 0 means an exact solve: the next direction would be zero (curvature 0), so stop
         # even before miniter instead of reporting non-positive curvature
-        done = ((nit >= miniter) & (small(gamma) | (jnp.abs(energy - s.energy) <= absdelta))) | (gamma == 0)
+        stalled = (nit >= absdelta_miniter) & (jnp.abs(energy - s.energy) <= absdelta)
+        done = ((nit >= miniter) & (small(gamma) | stalled)) | (gamma == 0)
         status = jnp.select(
             [~jnp.isfinite(curv), ~ok, ~jnp.isfinite(gamma) | ~jnp.isfinite(energy), done, nit >= maxiter],
             [Status.NONFINITE, Status.NONPOSITIVE_CURVATURE, Status.NONFINITE, Status.CONVERGED,
@@ -140,8 +159,9 @@ def conjugate_gradient(matvec: Callable, b, x0=None, config: CGConfig = CGConfig
     -------
     CGResult
         With ``.x``, ``.nit``, ``.converged`` and a ``.status`` code. A
-        direction with ``d.A.d <= 0`` stops the solver with status
-        ``NONPOSITIVE_CURVATURE`` and the last iterate.
+        direction with ``d.A.d <= eps |d| |A d|`` (non-positive up to rounding)
+        stops the solver with status ``NONPOSITIVE_CURVATURE`` and the last
+        iterate; a nan curvature gives ``NONFINITE``.
 
     Notes
     -----

@@ -82,20 +82,26 @@ class NewtonCGConfig:
     Parameters
     ----------
     absdelta : float or None
-        Stop when the energy decreases by at most ``absdelta`` in one step.
+        Stop when the energy decreases by at most ``absdelta`` in one full
+        (not backtracked) Newton step.
     xtol : float or None
-        Stop when the mean absolute entry of the step, ``|dx|_1 / n``, is at most
-        ``xtol`` (scipy's ``xtol`` for ``method='Newton-CG'``).
+        Stop when the mean absolute entry of the Newton step, ``|dx|_1 / n``,
+        is at most ``xtol`` (scipy's ``xtol`` for ``method='Newton-CG'``). Only
+        a Newton step counts, not a gradient step or one cut short by the
+        inner CG or by backtracking (see :func:`~shardvi.minimizers.newton_cg`).
     gtol : float or None
         Stop when the gradient norm is at most ``gtol``.
     miniter, maxiter : int
         Iteration bounds.
     cg : CGConfig
         Inner CG. Its relative tolerance is tightened to the Eisenstat-Walker
-        forcing term ``min(0.5, sqrt(|g|))`` and its ``absdelta`` is set to
-        ``energy_reduction_factor`` times the previous energy decrease.
-    energy_reduction_factor : float
-        Ties the inner CG accuracy to the outer energy decrease, in (0, 1].
+        forcing term ``min(0.5, sqrt(|g|))``.
+    energy_reduction_factor : float or None
+        In (0, 1]: also stop the inner CG (from its 6th iteration on, NIFTy's
+        ``miniter``) when its energy changes by at most this factor times the
+        previous Newton decrease (NIFTy's rule; ``0.1`` there). None (default):
+        off. The rule saves CG iterations per step but stalls on ill-conditioned
+        problems, where it makes Newton converge linearly.
     max_line_search_steps : int
         Backtracking halvings of the step before the line search gives up.
     name : str or None
@@ -108,7 +114,7 @@ class NewtonCGConfig:
     miniter: int = 0
     maxiter: int = 50
     cg: CGConfig = dataclasses.field(default_factory=lambda: CGConfig(tol=0.5, maxiter=500))
-    energy_reduction_factor: float = 0.1
+    energy_reduction_factor: Optional[float] = None
     max_line_search_steps: int = 30
     name: Optional[str] = None
 
@@ -118,8 +124,7 @@ class NewtonCGConfig:
         _check_iters("NewtonCGConfig", self.miniter, self.maxiter)
         if not isinstance(self.cg, CGConfig):
             raise TypeError(f"NewtonCGConfig.cg must be a CGConfig, got {type(self.cg).__name__}")
-        _check_tol("NewtonCGConfig", "energy_reduction_factor", self.energy_reduction_factor,
-                   allow_none=False, upper=1.0)
+        _check_tol("NewtonCGConfig", "energy_reduction_factor", self.energy_reduction_factor, upper=1.0)
         if self.energy_reduction_factor == 0:
             raise ValueError("NewtonCGConfig.energy_reduction_factor must be in (0, 1], got 0")
         if isinstance(self.max_line_search_steps, bool) or not isinstance(self.max_line_search_steps, int) \
@@ -137,6 +142,13 @@ class OptaxConfig:
     ----------
     optimizer : optax.GradientTransformation
         Any optax optimizer (``optax.adam(1e-2)``, ``optax.lbfgs()``, ...).
+        Line searches get a ``value_fn`` whose gradient is the minimizer's
+        own (no reverse mode through the objective). :class:`~shardvi.OptimizeVI`
+        traces ``init`` and one ``update`` on the latent domain when it is
+        built (``jax.eval_shape``, nothing compiled): an optimizer that cannot
+        run in a jitted ``lax.while_loop`` or returns something other than
+        ``(updates, state)`` of the parameters' structure is a ``TypeError``
+        naming ``kl_minimization.optimizer``.
     maxiter : int
         Number of steps at most.
     gtol : float or None
@@ -151,7 +163,7 @@ class OptaxConfig:
     name: Optional[str] = None
 
     def __post_init__(self):
-        if not (hasattr(self.optimizer, "init") and hasattr(self.optimizer, "update")):
+        if not (callable(getattr(self.optimizer, "init", None)) and callable(getattr(self.optimizer, "update", None))):
             raise TypeError("OptaxConfig.optimizer must be an optax.GradientTransformation "
                             f"(with init and update), got {type(self.optimizer).__name__}")
         _check_iters("OptaxConfig", 0, self.maxiter)

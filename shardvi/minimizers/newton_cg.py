@@ -15,6 +15,8 @@ from .status import Status
 __all__ = ["OptimizeResult", "newton_cg"]
 
 _ARMIJO_C1 = 1e-4
+_ENERGY_RULE_MINITER = 6  # the inner CG's energy rule counts from this iteration on (NIFTy's CG miniter)
+_F_ROUNDING = 100.0  # energy changes below this many eps * |f| are taken as rounding noise
 
 
 class OptimizeResult(NamedTuple):
@@ -63,7 +65,8 @@ class _State(NamedTuple):
 
 
 def newton_cg(fun_and_grad: Callable, hessp: Callable, x0, config: NewtonCGConfig = NewtonCGConfig(), *,
-              hessp_at: Optional[Callable] = None) -> OptimizeResult:
+              hessp_at: Optional[Callable] = None, min_curvature: Optional[float] = None,
+              xtol_curvature: Optional[float] = None) -> OptimizeResult:
     """Minimize a smooth function with truncated Newton steps.
 
     Parameters
@@ -81,6 +84,19 @@ def newton_cg(fun_and_grad: Callable, hessp: Callable, x0, config: NewtonCGConfi
         ``x -> (v -> H(x) v)``, the same operator with the work that depends on
         ``x`` alone done once per Newton step (e.g. a linearization) instead of
         in every inner CG iteration; used for the CG solves when given.
+    min_curvature : float, optional
+        Declares ``H`` positive (semi-)definite by construction, a metric with
+        ``d.H.d >= min_curvature |d|^2`` (``1`` for ``J^T F J + I``, ``0`` for
+        a Gauss-Newton ``J^T J``). The inner CG checks it along every direction;
+        a violation (beyond rounding) stops the minimizer at the current point
+        with status ``NONPOSITIVE_CURVATURE``: the operator is broken. Without
+        it (a true, possibly indefinite Hessian) non-positive curvature on the
+        first CG direction falls back to a gradient step, and a run that ends
+        at ``maxiter`` after such a step reports ``NONPOSITIVE_CURVATURE``.
+    xtol_curvature : float, optional
+        A lower bound (or an estimate) ``c`` of the smallest eigenvalue of
+        ``H``, used to bound what the inner CG left unsolved (default:
+        ``min_curvature`` where that is positive); see Notes.
 
     Returns
     -------
@@ -88,15 +104,31 @@ def newton_cg(fun_and_grad: Callable, hessp: Callable, x0, config: NewtonCGConfi
 
     Notes
     -----
-    Each iteration solves ``H p = -g`` by CG (relative tolerance
-    ``min(cg.tol, 0.5, sqrt(|g|))``, absolute energy tolerance
-    ``energy_reduction_factor`` times the previous decrease), falls back to
-    ``-g`` when ``p`` is no descent direction, and halves the step until the
-    Armijo condition holds. Pure and jittable; vmappable.
+    Each iteration solves ``H p = -g`` by CG to the relative residual
+    ``min(cg.tol, 0.5, sqrt(|g|))`` (Eisenstat-Walker), falls back to ``-g``
+    when ``p`` is no descent direction, and halves the step until the Armijo
+    condition holds (or, where the energy change is within ``100 eps |f|``,
+    its derivative form ``g(x + p).p <= (1 - 2 c1) g.p``, exact for quadratics:
+    Hager and Zhang's approximate Armijo condition).
+
+    Convergence is judged on the full Newton step ``p* = p + H^-1 r`` (``r``
+    the inner CG residual), never on the step taken: a step made small by an
+    inner solve cut short, by the gradient fallback or by backtracking says
+    nothing about the distance to the minimum. With ``xtol_curvature = c``,
+    ``xtol`` tests the bound ``|p|_1 + sqrt(n) |r| / c`` and ``absdelta`` the
+    decrease plus the model decrease left unsolved, ``|r|^2 / 2c``; without
+    it both count only when the inner CG met its residual tolerance (and
+    ``absdelta`` only for a step taken without backtracking). A Newton step
+    that changes ``f`` by rounding noise only and does not reduce ``|g|``
+    ends the run as converged (the precision floor, e.g. float32 with an
+    ``xtol`` below it), and so does an exactly zero gradient.
+    Pure and jittable; vmappable.
     """
     if not isinstance(config, NewtonCGConfig):
         raise TypeError(f"config must be a NewtonCGConfig, got {type(config).__name__}")
     cgc = config.cg
+    if xtol_curvature is None and min_curvature is not None and min_curvature > 0:
+        xtol_curvature = min_curvature
     n = tm.size(x0)
     f0, g0 = fun_and_grad(x0)
     real = jnp.result_type(f0)
@@ -105,10 +137,14 @@ def newton_cg(fun_and_grad: Callable, hessp: Callable, x0, config: NewtonCGConfi
     absdelta = off if config.absdelta is None else jnp.asarray(config.absdelta, real)
     xtol = off if config.xtol is None else jnp.asarray(config.xtol, real)
     gtol = off if config.gtol is None else jnp.asarray(config.gtol, real)
+    cg_resnorm = off if cgc.resnorm is None else jnp.asarray(cgc.resnorm, real)
+    f_eps = jnp.asarray(_F_ROUNDING * jnp.finfo(real).eps, real)
 
     finite0 = jnp.isfinite(f0) & tm.all_finite(g0)
     status0 = jnp.where(finite0, Status.RUNNING, Status.NONFINITE)
-    status0 = jnp.where(finite0 & (config.miniter == 0) & (tm.norm(g0) <= gtol), Status.CONVERGED, status0)
+    g0norm = tm.norm(g0)
+    status0 = jnp.where(finite0 & (config.miniter == 0) & ((g0norm <= gtol) | (g0norm == 0)), Status.CONVERGED,
+                        status0)
     zero_i = jnp.zeros((), jnp.int32)
     state = _State(x0, f0, g0, zero_i, zero_i, jnp.ones((), jnp.int32), jnp.asarray(jnp.inf, real),
                    status0.astype(jnp.int32))
@@ -120,25 +156,43 @@ def newton_cg(fun_and_grad: Callable, hessp: Callable, x0, config: NewtonCGConfi
         gnorm = tm.norm(s.g)
         eta = jnp.minimum(0.5, jnp.sqrt(gnorm))
         rtol = eta if cgc.tol is None else jnp.minimum(cgc.tol, eta)
-        inner_absdelta = jnp.where(jnp.isfinite(s.last_decrease),
-                                   config.energy_reduction_factor * s.last_decrease, -1.0)
+        inner_absdelta = off
+        if config.energy_reduction_factor is not None:
+            inner_absdelta = jnp.where(jnp.isfinite(s.last_decrease),
+                                       config.energy_reduction_factor * s.last_decrease, off)
         if cgc.absdelta is not None:
             inner_absdelta = jnp.maximum(inner_absdelta, cgc.absdelta)
         op = hessp_at(s.x) if hessp_at is not None else (lambda v: hessp(s.x, v))
-        res = cg_solve(op, tm.scale(-1.0, s.g), tol=rtol, resnorm=cgc.resnorm,
-                       absdelta=inner_absdelta, miniter=cgc.miniter, maxiter=cgc.maxiter, name=cgc.name)
+        res = cg_solve(op, tm.scale(-1.0, s.g), tol=rtol, resnorm=cgc.resnorm, absdelta=inner_absdelta,
+                       miniter=cgc.miniter, maxiter=cgc.maxiter, name=cgc.name, min_curvature=min_curvature,
+                       absdelta_miniter=_ENERGY_RULE_MINITER)
         p = res.x
         slope = tm.vdot(s.g, p)
         descent = (slope < 0) & tm.all_finite(p)
+        # a Newton step to trust: the inner CG met its residual tolerance (the same test as inside cg_solve)
+        inner_solved = (res.status == Status.CONVERGED) & ((res.resnorm <= rtol * gnorm)
+                                                           | (res.resnorm <= cg_resnorm))
+        newton = descent & inner_solved
+        # non-positive curvature of a declared metric: a broken operator, stop here
+        broken = (res.status == Status.NONPOSITIVE_CURVATURE) if min_curvature is not None else jnp.bool_(False)
+        # no positive curvature along -g (CG's first direction): a gradient step, recorded in the status
+        fallback_npc = (res.status == Status.NONPOSITIVE_CURVATURE) & ~descent
         p = tm.where(descent, p, tm.scale(-1.0, s.g))
         slope = jnp.where(descent, slope, -gnorm**2)
+        p_l1 = sum(jnp.sum(jnp.abs(leaf)) for leaf in jax.tree_util.tree_leaves(p))
+        f_tol = f_eps * jnp.abs(s.f)  # energy changes below this are rounding noise
 
-        # backtracking line search on the Armijo condition: step 2**-k, k = 0, 1, ...; the loop starts at
-        # k = -1 (nothing evaluated yet) so that fun_and_grad is traced once here, not twice
+        def accepted(k, f_new, g_new):
+            armijo = f_new <= s.f + _ARMIJO_C1 * half**k * slope
+            # Hager-Zhang approximate Armijo: where f cannot resolve the decrease, its derivative can
+            approx = (f_new <= s.f + f_tol) & (tm.vdot(g_new, p) <= (2 * _ARMIJO_C1 - 1) * slope)
+            return jnp.isfinite(f_new) & (armijo | approx)
+
+        # backtracking line search: step 2**-k, k = 0, 1, ...; the loop starts at k = -1 (nothing evaluated
+        # yet) so that fun_and_grad is traced once here, not twice
         def ls_cond(c):
-            k, _, f_new, _ = c
-            bad = ~jnp.isfinite(f_new) | (f_new > s.f + _ARMIJO_C1 * half**k * slope)
-            return (k < 0) | (bad & (k < config.max_line_search_steps))
+            k, _, f_new, g_new = c
+            return (k < 0) | (~broken & ~accepted(k, f_new, g_new) & (k < config.max_line_search_steps))
 
         def ls_body(c):
             k = c[0] + 1
@@ -147,17 +201,35 @@ def newton_cg(fun_and_grad: Callable, hessp: Callable, x0, config: NewtonCGConfi
             return k, x_new, f_new, g_new
 
         k, x_new, f_new, g_new = jax.lax.while_loop(ls_cond, ls_body, (-jnp.ones((), jnp.int32), s.x, s.f, s.g))
-        ls_ok = jnp.isfinite(f_new) & (f_new <= s.f + _ARMIJO_C1 * half**k * slope)
+        ls_ok = accepted(k, f_new, g_new) & ~broken
         finite = ls_ok & tm.all_finite(g_new)
-        step = tm.scale(half**k, p)
         decrease = s.f - f_new
         nit = s.nit + 1
-        step_l1 = sum(jnp.sum(jnp.abs(leaf)) for leaf in jax.tree_util.tree_leaves(step))
-        done = (nit >= config.miniter) & (
-            ((decrease >= 0) & (decrease <= absdelta)) | (step_l1 / n <= xtol) | (tm.norm(g_new) <= gtol))
+        # the distance to the minimum (in the quadratic model) is the full Newton step p* = p + H^-1 r, r the
+        # inner CG residual; a known curvature floor c bounds |H^-1 r| <= |r| / c (and the decrease left to
+        # the model by r.H^-1.r / 2 <= |r|^2 / 2c); without one only a solve that met its residual tolerance
+        # says p* ~ p
+        if xtol_curvature is None:
+            bounded = newton
+            left_l1 = left_f = jnp.zeros((), real)
+        else:
+            bounded = descent & ((res.status == Status.CONVERGED) | (res.status == Status.MAX_ITERATIONS))
+            left_l1 = jnp.sqrt(jnp.asarray(n, real)) * res.resnorm / xtol_curvature
+            left_f = 0.5 * res.resnorm**2 / xtol_curvature
+        # the full Newton step is below xtol: converged, even where rounding defeats the line search
+        small_step = bounded & ((p_l1 + left_l1) / n <= xtol)
+        small_decrease = bounded & (k == 0) & (decrease >= 0) & (decrease + left_f <= absdelta)
+        gnorm_new = tm.norm(g_new)
+        # rounding floor: a full Newton step (taken without backtracking, nothing left unsolved beyond rounding)
+        # that changes f by rounding noise only and does not reduce |g|, as it must near a minimum, is noise:
+        # e.g. float32 with an xtol below its precision
+        floor = newton & (k == 0) & (jnp.abs(decrease) <= f_tol) & (left_f <= f_tol) & (gnorm_new >= gnorm)
+        stationary = (gnorm_new <= gtol) | (gnorm_new == 0)
+        done = (nit >= config.miniter) & (small_step | (finite & (small_decrease | floor | stationary)))
         status = jnp.select(
-            [~ls_ok, ~finite, done, nit >= config.maxiter],
-            [Status.LINE_SEARCH_FAILED, Status.NONFINITE, Status.CONVERGED, Status.MAX_ITERATIONS],
+            [broken, done, ~ls_ok, ~finite, nit >= config.maxiter],
+            [Status.NONPOSITIVE_CURVATURE, Status.CONVERGED, Status.LINE_SEARCH_FAILED, Status.NONFINITE,
+             jnp.where(fallback_npc, Status.NONPOSITIVE_CURVATURE, Status.MAX_ITERATIONS)],
             Status.RUNNING).astype(jnp.int32)
         new = _State(x_new, f_new, g_new, nit, s.ncg + res.nit, s.nfev + k + 1, decrease, status)
         # a failed line search keeps the last good point

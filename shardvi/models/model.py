@@ -9,11 +9,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
 
-__all__ = ["Model", "check_latent", "normalize_domain"]
+__all__ = ["Model", "check_latent", "leaf_dtype", "normalize_domain"]
 
 
-def normalize_domain(domain, argname: str = "domain"):
-    """Validate a pytree of ``jax.ShapeDtypeStruct`` (arrays are turned into their shape/dtype)."""
+def normalize_domain(domain, argname: str = "domain", *, real: bool = False):
+    """Validate a pytree of ``jax.ShapeDtypeStruct`` (arrays are turned into their shape/dtype).
+
+    ``real=True`` (a latent domain) rejects complex dtypes: the engine's prior
+    is ``N(0, I)`` on real coordinates, while ``jax.random.normal`` draws a
+    complex latent with unit variance split over its real and imaginary parts.
+    """
     leaves, treedef = jtu.tree_flatten(domain)
     if not leaves:
         raise ValueError(f"{argname} must contain at least one jax.ShapeDtypeStruct leaf, got {domain!r}")
@@ -27,21 +32,48 @@ def normalize_domain(domain, argname: str = "domain"):
             raise TypeError(f"{argname} leaves must be jax.ShapeDtypeStruct, got {type(leaf).__name__}")
         if not jnp.issubdtype(sds.dtype, jnp.inexact):
             raise TypeError(f"{argname} leaves must have a floating dtype, got {sds.dtype}")
+        if real and jnp.issubdtype(sds.dtype, jnp.complexfloating):
+            raise TypeError(f"{argname} leaves must be real (a latent xi ~ N(0, I)), got {sds.dtype}; model a "
+                            f"complex field from two real latents (re + 1j * im)")
         out.append(sds)
     return jtu.tree_unflatten(treedef, out)
 
 
-def check_latent(x, domain, argname: str) -> None:
-    """Raise a clear error unless ``x`` matches ``domain`` in structure, shapes and finiteness."""
+def check_latent(x, domain, argname: str, *, finite: bool = True, batch: tuple = (),
+                 exact_dtype: bool = False) -> None:
+    """Raise a clear error unless ``x`` matches ``domain`` in structure, shapes, kind of dtype and finiteness.
+
+    Only shapes and dtypes are read unless ``finite`` (so traced values pass
+    with ``finite=False``). ``batch`` is a leading shape every leaf has in
+    front of the domain's shape. A complex leaf on a real domain is a
+    ``TypeError`` (converting it would drop the imaginary part); so is a
+    non-numeric one, and with ``exact_dtype`` any dtype other than the
+    domain's (for functions that do not convert their inputs).
+    """
     xs, xdef = jtu.tree_flatten(x)
     ds, ddef = jtu.tree_flatten(domain)
     if xdef != ddef:
         raise ValueError(f"{argname} has tree structure {xdef}, expected {ddef} (the model's domain)")
     for i, (a, d) in enumerate(zip(xs, ds)):
-        if tuple(jnp.shape(a)) != tuple(d.shape):
-            raise ValueError(f"{argname} leaf {i} has shape {tuple(jnp.shape(a))}, expected {tuple(d.shape)}")
-    if not all(_all_finite(a) for a in xs):
+        want = tuple(batch) + tuple(d.shape)
+        if tuple(np.shape(a)) != want:
+            raise ValueError(f"{argname} leaf {i} has shape {tuple(np.shape(a))}, expected {want}")
+        dtype = leaf_dtype(a)
+        if not jnp.issubdtype(dtype, jnp.number):
+            raise TypeError(f"{argname} leaf {i} must be numeric, got dtype {dtype}")
+        if jnp.issubdtype(dtype, jnp.complexfloating) and not jnp.issubdtype(d.dtype, jnp.complexfloating):
+            raise TypeError(f"{argname} leaf {i} is complex ({dtype}) but the domain is real ({d.dtype}): "
+                            f"the imaginary part would be dropped")
+        if exact_dtype and dtype != np.dtype(d.dtype):
+            raise TypeError(f"{argname} leaf {i} has dtype {dtype}, expected {np.dtype(d.dtype)} (the domain's)")
+    if finite and not all(_all_finite(a) for a in xs):
         raise ValueError(f"{argname} contains non-finite values (nan or inf)")
+
+
+def leaf_dtype(a):
+    """The dtype of an array, tracer, ``ShapeDtypeStruct`` or Python/NumPy scalar (no device work)."""
+    dtype = getattr(a, "dtype", None)
+    return np.dtype(dtype) if dtype is not None else np.asarray(a).dtype
 
 
 def _all_finite(a) -> bool:
@@ -71,7 +103,7 @@ class Model:
         if not callable(call):
             raise TypeError(f"call must be callable, got {type(call).__name__}")
         self.call = call
-        self.domain = normalize_domain(domain)
+        self.domain = normalize_domain(domain, real=True)
         self.target = jax.eval_shape(call, self.domain)
 
     def __call__(self, xi):

@@ -28,8 +28,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
-from jax_finufft import nufft1 as _finufft1
-from jax_finufft import nufft2 as _finufft2
 
 __all__ = ["nufft2d_type1", "nufft2d_type2", "match_vma", "complex_dtype_for"]
 
@@ -87,6 +85,16 @@ def _fold(a, n_core):
 
 def _fold_points(p):
     return p if p.ndim <= 2 else p.reshape((-1, p.shape[-1]))
+
+
+def _finufft1(*args, **kwargs):
+    from jax_finufft import nufft1  # on first use: importing shardvi does not load jax-finufft
+    return nufft1(*args, **kwargs)
+
+
+def _finufft2(*args, **kwargs):
+    from jax_finufft import nufft2
+    return nufft2(*args, **kwargs)
 
 
 def _impl_type2(f, x, y, *, iflag, eps):

@@ -307,9 +307,25 @@ def get_strategy(spec, argname: str = "sample_map", devices=None):
         Argument name used in error messages.
     devices : sequence of jax.Device, optional
         Devices for multi-device strategies given by name (``None``: all).
+
+    Raises
+    ------
+    TypeError
+        ``spec`` is a strategy class rather than an instance, not a strategy,
+        or an object whose ``map``/``mean`` fail or return wrong shapes on a
+        small probe (traced with ``jax.eval_shape``: nothing is compiled).
+    ValueError
+        ``devices`` would be ignored: the one-device strategies (``"vmap"``,
+        ``"lax_map"``, :class:`Vmap`, :class:`LaxMap`) run on
+        ``jax.local_devices()[0]`` and accept only ``None`` or exactly that
+        device; a strategy object carries its own devices, so ``devices``
+        must be ``None`` or equal to them.
     """
     from .mesh import check_devices
     devices = check_devices(devices, "devices")
+    if isinstance(spec, type):
+        raise TypeError(f"{argname} is the class {spec.__name__}, not a strategy object: instantiate it, e.g. "
+                        f"{argname}={spec.__name__}() or {spec.__name__}(devices=...)")
     if isinstance(spec, str):
         if spec not in _FACTORIES:
             names = tuple(dict.fromkeys(STRATEGY_NAMES + tuple(_FACTORIES)))
@@ -317,11 +333,76 @@ def get_strategy(spec, argname: str = "sample_map", devices=None):
                 raise NotImplementedError(f"{argname}={spec!r} is not available in this build")
             raise ValueError(f"{argname} must be one of {names} or a strategy object, got {spec!r}")
         factory = _FACTORIES[spec]
-        return factory() if spec in _SINGLE_DEVICE else factory(devices=devices)
+        if spec in _SINGLE_DEVICE:
+            _check_single_device(devices, repr(spec), argname)
+            return factory()
+        return factory(devices=devices)
+    if isinstance(spec, (Vmap, LaxMap)):
+        _check_single_device(devices, f"{type(spec).__name__}()", argname)
+        return spec
     if isinstance(spec, Strategy):
+        own = getattr(spec, "devices", None)
+        if devices is not None and (own is None or tuple(own) != devices):
+            raise ValueError(f"devices={[str(d) for d in devices]} is used only with a strategy given by name; "
+                             f"{argname} is a {type(spec).__name__} object with devices={own}: set the devices "
+                             f"on the object ({type(spec).__name__}(devices=...)) and leave devices=None")
+        if not type(spec).__module__.startswith("shardvi.parallel"):
+            _probe_strategy(spec, argname)
         return spec
     raise TypeError(f"{argname} must be a strategy name {STRATEGY_NAMES} or an object with map() and mean(), "
                     f"got {type(spec).__name__}")
+
+
+def _check_single_device(devices, what: str, argname: str) -> None:
+    """A one-device strategy with ``devices``: only ``None`` or the device it runs on."""
+    if devices is None:
+        return
+    if len(devices) > 1:
+        raise ValueError(f"devices lists {len(devices)} devices but {argname}={what} runs on one device and "
+                         f"would ignore them: use a multi-device strategy ('shard_map', 'pmap', 'jit') or "
+                         f"leave devices=None")
+    if devices[0] != _local_device():
+        raise ValueError(f"devices=[{devices[0]}] but {argname}={what} always runs on {_local_device()} "
+                         f"(jax.local_devices()[0]): leave devices=None or use a multi-device strategy")
+
+
+_PROBE_SAMPLES = 8
+
+
+def _probe_strategy(spec, argname: str) -> None:
+    """Trace ``spec.map`` / ``spec.mean`` (and ``map_mean``) on a tiny problem and check the output shapes.
+
+    A foreign strategy that returns the wrong thing would otherwise fail deep
+    inside the engine's compiled steps with a JAX-internal message.
+    """
+    for attr in ("map", "mean"):
+        if not callable(getattr(spec, attr, None)):
+            raise TypeError(f"{argname}: {type(spec).__name__}.{attr} must be callable")
+    n = _PROBE_SAMPLES
+    xs = jax.ShapeDtypeStruct((n, 2), jnp.float32)
+    b = jax.ShapeDtypeStruct((2,), jnp.float32)
+
+    def fn(x, y):
+        return x * y
+
+    def probe(x, y):
+        stacked = spec.map(fn, (0, None))(x, y)
+        fused = getattr(spec, "map_mean", None)
+        return stacked, spec.mean(stacked), (None if fused is None else fused(fn, (0, None))(x, y))
+
+    try:
+        stacked, mean, fused = jax.eval_shape(probe, xs, b)
+    except Exception as err:  # noqa: BLE001 -- reported with the argument's name
+        raise TypeError(f"{argname}: the strategy object {type(spec).__name__} failed on a probe (map of "
+                        f"x * y over {n} samples of shape (2,), then mean): {type(err).__name__}: {err}") from err
+    expect = {"map(fn, in_axes)(...)": (stacked, (n, 2)), "mean(stacked)": (mean, (2,))}
+    if fused is not None:
+        expect["map_mean(fn, in_axes)(...)"] = (fused, (2,))
+    for what, (got, shape) in expect.items():
+        if not isinstance(got, jax.ShapeDtypeStruct) or tuple(got.shape) != shape:
+            desc = f"shape {tuple(got.shape)}" if isinstance(got, jax.ShapeDtypeStruct) else repr(got)
+            raise TypeError(f"{argname}: {type(spec).__name__}.{what} returned {desc} on a probe of {n} samples "
+                            f"of shape (2,); expected an array of shape {shape}")
 
 
 class Placed:

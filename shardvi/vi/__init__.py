@@ -5,7 +5,7 @@ from .gaussian import Gaussian
 from .kl import hamiltonian, hamiltonian_metric, kl_metric, kl_value_and_grad
 from .likelihood import Likelihood
 from .modes import SampleMode
-from .optimize_kl import NonFiniteError, OptimizeVI, OptimizeVIState, optimize_kl
+from .optimize_kl import NonFiniteError, NonPositiveCurvatureError, OptimizeVI, OptimizeVIState, optimize_kl
 from .poisson import Poisson
 from .samples import Samples
 from .sampling import draw_linear_residual, metric_sample, nonlinearly_update_residual
@@ -13,7 +13,8 @@ from .student_t import StudentT
 from .variable_covariance import VariableCovarianceGaussian
 
 __all__ = [
-    "CheckpointError", "Gaussian", "IterationReport", "Likelihood", "NonFiniteError", "OptimizeVI", "OptimizeVIState",
+    "CheckpointError", "Gaussian", "IterationReport", "Likelihood", "NonFiniteError", "NonPositiveCurvatureError",
+    "OptimizeVI", "OptimizeVIState",
     "Poisson", "SampleMode", "Samples", "StudentT", "VariableCovarianceGaussian", "draw_linear_residual",
     "hamiltonian", "hamiltonian_metric", "kl_metric", "kl_value_and_grad", "load_checkpoint",
     "metric_sample", "minisanity", "nonlinearly_update_residual", "optimize_kl", "residual_stats",

@@ -15,18 +15,22 @@ __all__ = ["finite_data", "positive_like", "to_device", "domain_of"]
 
 
 def finite_data(data, argname: str = "data"):
-    """Convert leaves to arrays and reject non-finite or non-numeric entries."""
+    """Convert leaves to arrays and reject empty, non-finite or non-numeric entries."""
     leaves, treedef = jtu.tree_flatten(data)
     if not leaves:
         raise ValueError(f"{argname} must be a non-empty array or pytree of arrays")
     out = []
-    for leaf in leaves:
+    for i, leaf in enumerate(leaves):
         try:
             arr = jnp.asarray(leaf)
         except TypeError as err:
             raise TypeError(f"{argname} must contain numeric arrays, got {type(leaf).__name__}") from err
         if not (jnp.issubdtype(arr.dtype, jnp.number)):
             raise TypeError(f"{argname} must be numeric, got dtype {arr.dtype}")
+        if arr.size == 0:
+            where = "" if len(leaves) == 1 else f" leaf {i}"
+            raise ValueError(f"{argname}{where} is empty (shape {arr.shape}): every data array needs at least "
+                             f"one entry")
         host = np.asarray(arr)
         if not jnp.issubdtype(arr.dtype, jnp.inexact):
             host = host.astype(jnp.result_type(float))
@@ -38,31 +42,83 @@ def finite_data(data, argname: str = "data"):
     return jtu.tree_unflatten(treedef, out)
 
 
-def positive_like(value, data, argname: str):
-    """Broadcast a scalar/array/pytree of strictly positive finite numbers to ``data``'s leaves."""
+def _per_leaf(value, treedef, argname: str) -> list:
+    """One value per data leaf: a leaf broadcast to all, or subtrees at the data's leaf positions.
+
+    Accepted: a scalar or array (broadcast to every data leaf), a pytree with
+    exactly the data's structure (one scalar/array-like per data leaf), or,
+    for data that is one array, any array-like (a list of numbers). A container
+    of another structure (a list for tuple data, a dict for list data, a tuple
+    of the wrong length) is ambiguous and rejected.
+    """
+    if value is None or isinstance(value, bool):
+        raise TypeError(f"{argname} must be a positive number or array, got {value!r}")
+    if jtu.treedef_is_leaf(jtu.tree_structure(value)):
+        return [value] * treedef.num_leaves
+    try:
+        return treedef.flatten_up_to(value)
+    except (ValueError, TypeError):
+        raise ValueError(
+            f"{argname} is a {type(value).__name__} of structure {jtu.tree_structure(value)}, which does not "
+            f"match the data's structure {treedef}: give a scalar, one array (broadcast to every data leaf) "
+            f"or a pytree with exactly the data's structure") from None
+
+
+def positive_like(value, data, argname: str, *, inverse_square: bool = False):
+    """Broadcast a scalar/array/pytree of strictly positive finite numbers to ``data``'s leaves.
+
+    Values are NumPy arrays in the data's real dtype (``float32`` for
+    ``float32`` or ``complex64`` data). With ``inverse_square`` (a noise
+    standard deviation), ``1 / value**2`` must be finite and non-zero in that
+    dtype too.
+    """
     d_leaves, treedef = jtu.tree_flatten(data)
-    if jtu.tree_structure(value) == treedef:  # per-leaf values (also for single-leaf pytrees)
-        v_leaves = jtu.tree_leaves(value)
-    else:
-        v_leaves = [value] * len(d_leaves)
     out = []
-    for v, d in zip(v_leaves, d_leaves):
-        if isinstance(v, bool) or v is None:
+    for v, d in zip(_per_leaf(value, treedef, argname), d_leaves):
+        if v is None or isinstance(v, bool):
             raise TypeError(f"{argname} must be a positive number or array, got {v!r}")
         try:
-            arr = jnp.asarray(v, dtype=jnp.finfo(d.dtype).dtype)
-        except TypeError as err:
+            host = np.asarray(v)
+        except (TypeError, ValueError) as err:
             raise TypeError(f"{argname} must be a positive number or array, got {type(v).__name__}") from err
-        host = np.asarray(arr)
-        if not bool(np.all(np.isfinite(host) & (host > 0))):
+        if host.dtype.kind not in "iuf" and not jnp.issubdtype(host.dtype, jnp.floating):
+            raise TypeError(f"{argname} must be a real number or array, got {type(v).__name__} of dtype "
+                            f"{host.dtype}")
+        with np.errstate(over="ignore", invalid="ignore"):
+            wide = host.astype(np.float64)
+        if not bool(np.all(np.isfinite(wide) & (wide > 0))):
             raise ValueError(f"{argname} must be strictly positive and finite everywhere")
+        dtype = jnp.finfo(d.dtype).dtype
+        with np.errstate(over="ignore", under="ignore"):
+            host = host.astype(dtype)
+        if not bool(np.all(np.isfinite(host) & (host > 0))):
+            raise ValueError(f"{argname} is not representable in the data's dtype {np.dtype(dtype).name} "
+                             f"(it overflows or underflows; range {jnp.finfo(dtype).tiny:.3g} to "
+                             f"{jnp.finfo(dtype).max:.3g})")
+        if inverse_square:
+            _check_inverse_square(host, argname)
         try:
             host = np.broadcast_to(host, d.shape)
         except ValueError as err:
-            raise ValueError(f"{argname} has shape {arr.shape}, which does not broadcast to the data "
+            raise ValueError(f"{argname} has shape {host.shape}, which does not broadcast to the data "
                              f"shape {d.shape}") from err
         out.append(host)
     return jtu.tree_unflatten(treedef, out)
+
+
+def _check_inverse_square(host, argname: str) -> None:
+    """``1 / host**2`` finite and non-zero in ``host``'s dtype (the precision of a noise std)."""
+    with np.errstate(over="ignore", under="ignore", divide="ignore"):
+        inv = np.reciprocal(host)
+        inv2 = inv * inv
+    dtype = np.dtype(host.dtype)
+    lo = float(np.sqrt(np.float64(1.0) / np.float64(jnp.finfo(dtype).max)))
+    if not bool(np.all(np.isfinite(inv2))):
+        raise ValueError(f"{argname} is so small that 1/{argname}**2 overflows {dtype.name} (smallest "
+                         f"{argname} {float(np.min(host)):.3g}; it must be above about {lo:.3g} in {dtype.name})")
+    if not bool(np.all(inv2 > 0)):
+        raise ValueError(f"{argname} is so large that 1/{argname}**2 underflows to 0 in {dtype.name} "
+                         f"(largest {argname} {float(np.max(host)):.3g})")
 
 
 def to_device(tree):

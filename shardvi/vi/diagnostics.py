@@ -10,7 +10,7 @@ from jax import tree_util as jtu
 
 from .samples import Samples
 
-__all__ = ["IterationReport", "residual_stats", "minisanity", "pooled_chi2"]
+__all__ = ["IterationReport", "residual_stats", "minisanity", "format_residual_stats", "pooled_chi2"]
 
 
 class IterationReport(NamedTuple):
@@ -28,6 +28,10 @@ class IterationReport(NamedTuple):
     chi2_likelihood: Optional[float]
     chi2_prior: float
     wall_time: float
+    # per sample solve, a Status code (int; 0 converged, 1 maxiter, 2 non-positive curvature, ...);
+    # None where not recorded (histories of older checkpoints)
+    sampling_status: Optional[list] = None      # per linear CG solve (empty for MAP / a pure geoVI update)
+    nonlinear_status: Optional[list] = None     # per geoVI update (empty if linear)
 
 
 def _leaf_stats(stacked):
@@ -84,9 +88,41 @@ def minisanity(samples: Samples, likelihood=None) -> str:
     likelihood : Likelihood, optional
         Likelihood on the latent space; adds its normalized residuals.
     """
-    stats = residual_stats(samples, likelihood)
-    lines = [f"{'residual':<28} {'red.chi2':>10} {'+-':>9} {'mean':>10} {'dof':>9}"]
-    for section, rows in stats.items():
-        for path, (c, cs, m, dof) in rows.items():
-            lines.append(f"{section + path:<28} {c:>10.4g} {cs:>9.2g} {m:>10.3g} {dof:>9d}")
+    _check_minisanity_inputs(samples, likelihood)
+    return format_residual_stats(residual_stats(samples, likelihood))
+
+
+def _check_minisanity_inputs(samples, likelihood) -> None:
+    """``samples`` a Samples; ``likelihood`` None or a Likelihood on the samples' latent space."""
+    from ..models.model import check_latent
+    from .likelihood import Likelihood
+    if not isinstance(samples, Samples):
+        raise TypeError(f"samples must be a shardvi Samples, got {type(samples).__name__}")
+    if likelihood is None:
+        return
+    if not isinstance(likelihood, Likelihood):
+        raise TypeError(f"likelihood must be a shardvi Likelihood or None, got {type(likelihood).__name__}")
+    try:
+        check_latent(samples.pos, likelihood.domain, "samples.pos", finite=False)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"likelihood: its domain does not match the samples (is it amended with the model "
+                         f"the samples belong to?): {err}") from None
+
+
+def _row_name(section: str, path: str) -> str:
+    """``likelihood`` for a single-array residual (path ``"."``), else ``prior['a']`` etc."""
+    return section if path in ("", ".") else section + path
+
+
+def format_residual_stats(stats: dict) -> str:
+    """The :func:`minisanity` table of :func:`residual_stats` output.
+
+    One row per section and leaf; the name column is as wide as the longest
+    name (at least ``residual``), so the numeric columns stay aligned.
+    """
+    rows = [(_row_name(section, path), s) for section, entries in stats.items() for path, s in entries.items()]
+    width = max([len("residual")] + [len(name) for name, _ in rows])
+    lines = [f"{'residual':<{width}} {'red.chi2':>10} {'+-':>9} {'mean':>10} {'dof':>9}"]
+    for name, (c, cs, m, dof) in rows:
+        lines.append(f"{name:<{width}} {c:>10.4g} {cs:>9.2g} {m:>10.3g} {dof:>9d}")
     return "\n".join(lines)

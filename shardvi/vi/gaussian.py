@@ -24,11 +24,16 @@ def Gaussian(data, noise_std=None, noise_cov_inv=None, *, noise_std_inv: Optiona
         real and imaginary noise of the given std).
     noise_std : float, array or pytree, optional
         Diagonal noise standard deviation, same units as ``d``; broadcast to the
-        data shape. Strictly positive.
-    noise_cov_inv : float, array or callable, optional
-        Inverse noise covariance ``N^{-1}``: a diagonal (positive numbers) or a
-        linear map ``r -> N^{-1} r``. A callable needs ``noise_std_inv``
-        (``r -> N^{-1/2} r``, self-adjoint) for sampling.
+        data shape. Strictly positive, with ``1/noise_std**2`` finite and
+        non-zero in the data's dtype. A scalar or array applies to every data
+        leaf; a pytree must have exactly the data's structure (a list of
+        numbers is an array only for data that is one array: containers of
+        another structure are rejected as ambiguous).
+    noise_cov_inv : float, array, pytree or callable, optional
+        Inverse noise covariance ``N^{-1}``: a diagonal (positive numbers, same
+        structure rules as ``noise_std``) or a linear map ``r -> N^{-1} r``. A
+        callable needs ``noise_std_inv`` (``r -> N^{-1/2} r``, self-adjoint)
+        for sampling.
 
     Give exactly one of ``noise_std`` and ``noise_cov_inv``.
     """
@@ -36,7 +41,8 @@ def Gaussian(data, noise_std=None, noise_cov_inv=None, *, noise_std_inv: Optiona
     if (noise_std is None) == (noise_cov_inv is None):
         raise ValueError("give exactly one of noise_std and noise_cov_inv")
     if noise_std is not None:
-        inv_std = to_device(jtu.tree_map(lambda x: 1.0 / x, positive_like(noise_std, d, "noise_std")))
+        std = positive_like(noise_std, d, "noise_std", inverse_square=True)  # 1/std**2 finite in d's dtype
+        inv_std = to_device(jtu.tree_map(lambda x: 1.0 / x, std))
 
         def n_inv(r):
             return jtu.tree_map(lambda a, w: a * w * w, r, inv_std)
@@ -61,9 +67,14 @@ def Gaussian(data, noise_std=None, noise_cov_inv=None, *, noise_std_inv: Optiona
         r = tm.sub(d, s)
         return 0.5 * tm.vdot(r, n_inv(r))
 
-    return Likelihood(
+    lh = Likelihood(
         energy, n_inv_sqrt, domain=domain_of(d),
         metric=lambda s, t: n_inv(t),
         left_sqrt_metric=lambda s, e: n_inv_sqrt(e),
         normalized_residual=lambda s: n_inv_sqrt(tm.sub(d, s)),
     )
+    # checkpoint fingerprint: the data and the noise as used (a callable noise_cov_inv is unknown: None)
+    noise = ({"noise_std": std} if noise_std is not None else
+             {"noise_cov_inv": None if callable(noise_cov_inv) else prec_host})
+    lh.data_leaves = {"Gaussian": {"data": d, **noise}}
+    return lh

@@ -14,8 +14,31 @@ from ..models.model import Model, normalize_domain
 __all__ = ["Likelihood"]
 
 
+def _kind(dtype) -> str:
+    """NumPy's dtype kind, with ml_dtypes floats (bfloat16: kind 'V') as 'f'."""
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return "c"
+    return "f" if jnp.issubdtype(dtype, jnp.floating) else jnp.dtype(dtype).kind
+
+
 def _shape_tree(tree):
-    return jtu.tree_map(lambda d: (tuple(d.shape), jnp.dtype(d.dtype).kind), tree)
+    return jtu.tree_map(lambda d: (tuple(d.shape), _kind(d.dtype)), tree)
+
+
+def _check_same_dtypes(target, domain) -> None:
+    """``amend``: the model's output dtypes must be the data's, leaf by leaf (no implicit casts).
+
+    A float32 model on float64 data (or the reverse, or bfloat16) would fail
+    deep inside a VJP; casting silently would change the precision of one
+    side without the user knowing.
+    """
+    for (path, t), d in zip(jtu.tree_flatten_with_path(target)[0], jtu.tree_leaves(domain)):
+        if jnp.dtype(t.dtype) != jnp.dtype(d.dtype):
+            leaf = jtu.keystr(path) or "the output"
+            raise TypeError(
+                f"model output dtype does not match the likelihood's data at {leaf}: the model gives "
+                f"{jnp.dtype(t.dtype).name}, the data are {jnp.dtype(d.dtype).name}; cast the data "
+                f"(e.g. np.asarray(data, {jnp.dtype(t.dtype).name})) or build the model in the data's dtype")
 
 
 class Likelihood:
@@ -46,6 +69,16 @@ class Likelihood:
         ``s -> (t -> F(s) t)``: the metric at ``s`` as a linear operator, with
         the work that depends on ``s`` alone done once (see
         :meth:`metric_operator`; default: derived from ``metric`` or ``T``).
+
+    Attributes
+    ----------
+    data_leaves : pytree or None
+        What this likelihood was built from, for checkpoint fingerprints only:
+        the data and noise arrays (set by ``Gaussian``, ``Poisson``,
+        ``StudentT``, ``VariableCovarianceGaussian``; kept through ``amend``,
+        which adds the model's output shapes, and ``+``). ``None`` (the
+        default for a likelihood built directly) or ``None`` leaves mark
+        unknown parts; set it to e.g. ``{"data": d}`` to have them checked.
     """
 
     def __init__(self, energy: Callable, transformation: Optional[Callable] = None, *, domain,
@@ -67,6 +100,7 @@ class Likelihood:
             raise ValueError("lsm_tangents_shape is required with an explicit left_sqrt_metric "
                              "and no transformation")
         self.lsm_tangents_shape = lsm_tangents_shape
+        self.data_leaves = None  # see Attributes: for checkpoint fingerprints
 
     # -- core maps -------------------------------------------------------------------------
     def energy(self, s):
@@ -132,7 +166,9 @@ class Likelihood:
         """This likelihood pulled back to the latent space of ``model``.
 
         The metric becomes ``J^T F J`` and the left square root ``J^T L`` with
-        ``J = d model / d xi``, applied matrix-free.
+        ``J = d model / d xi``, applied matrix-free. The model's output must
+        match the data in structure and shapes (else ``ValueError``) and in
+        dtypes, leaf by leaf (else ``TypeError``: nothing is cast implicitly).
         """
         if not isinstance(model, Model):
             if callable(model):
@@ -142,6 +178,7 @@ class Likelihood:
             raise ValueError(
                 "model output does not match the likelihood's data: model.target is "
                 f"{_shape_tree(model.target)}, likelihood expects {_shape_tree(self.domain)}")
+        _check_same_dtypes(model.target, self.domain)
         lh = self
 
         def energy(xi):
@@ -163,10 +200,12 @@ class Likelihood:
         nres = (lambda xi: lh.normalized_residual(model(xi))) if lh.has_normalized_residual else None
         # a likelihood with a metric but neither transformation nor left square root has no lsm
         has_lsm = self.lsm_tangents_shape is not None
-        return Likelihood(energy, trafo, domain=model.domain, metric=metric,
-                          left_sqrt_metric=lsm if has_lsm else None,
-                          lsm_tangents_shape=self.lsm_tangents_shape, normalized_residual=nres,
-                          metric_operator=metric_operator)
+        out = Likelihood(energy, trafo, domain=model.domain, metric=metric,
+                         left_sqrt_metric=lsm if has_lsm else None,
+                         lsm_tangents_shape=self.lsm_tangents_shape, normalized_residual=nres,
+                         metric_operator=metric_operator)
+        out.data_leaves = {"likelihood": self.data_leaves, "model_output": self.domain}
+        return out
 
     def __add__(self, other: "Likelihood") -> "Likelihood":
         """Sum of independent likelihoods (energies and metrics add).
@@ -217,7 +256,9 @@ class Likelihood:
         both_r = a.has_normalized_residual and b.has_normalized_residual
         nres = (lambda x: (a.normalized_residual(pa(x)), b.normalized_residual(pb(x)))) if both_r else None
         has_lsm = a.lsm_tangents_shape is not None and b.lsm_tangents_shape is not None
-        return Likelihood(energy, trafo, domain=domain, metric=metric,
-                          left_sqrt_metric=lsm if has_lsm else None,
-                          lsm_tangents_shape=(a.lsm_tangents_shape, b.lsm_tangents_shape) if has_lsm else None,
-                          normalized_residual=nres, metric_operator=metric_operator)
+        out = Likelihood(energy, trafo, domain=domain, metric=metric,
+                         left_sqrt_metric=lsm if has_lsm else None,
+                         lsm_tangents_shape=(a.lsm_tangents_shape, b.lsm_tangents_shape) if has_lsm else None,
+                         normalized_residual=nres, metric_operator=metric_operator)
+        out.data_leaves = (a.data_leaves, b.data_leaves)
+        return out

@@ -35,9 +35,11 @@ def Poisson(counts) -> Likelihood:
         parts = jtu.tree_map(lambda si, di: jnp.sum(si - di * jnp.log(si)), s, d)
         return sum(jtu.tree_leaves(parts))
 
-    return Likelihood(
+    lh = Likelihood(
         energy, lambda s: jtu.tree_map(lambda x: 2.0 * jnp.sqrt(x), s), domain=domain_of(d),
         metric=lambda s, t: jtu.tree_map(lambda si, ti: ti / si, s, t),
         left_sqrt_metric=lambda s, e: jtu.tree_map(lambda si, ei: ei / jnp.sqrt(si), s, e),
         normalized_residual=lambda s: jtu.tree_map(lambda si, di: (di - si) / jnp.sqrt(si), s, d),
     )
+    lh.data_leaves = {"Poisson": {"counts": d}}  # checkpoint fingerprint
+    return lh

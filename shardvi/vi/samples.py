@@ -5,9 +5,83 @@ from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import tree_util as jtu
 
-__all__ = ["Samples"]
+__all__ = ["Samples", "check_samples"]
+
+
+def _shape(x) -> tuple:
+    return tuple(np.shape(x))
+
+
+def _dtype(x):
+    """dtype of an array/tracer; ``None`` for Python scalars (weakly typed: they adapt)."""
+    if isinstance(x, (bool, int, float, complex)):
+        return None
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        return np.asarray(x).dtype
+    try:
+        return np.dtype(dtype)
+    except TypeError:  # an extended dtype (typed PRNG keys)
+        return dtype
+
+
+def _check_like(x, ref, argname: str, refname: str, batch: Optional[int] = None) -> Optional[int]:
+    """``x`` has ``ref``'s structure and, per leaf, shape (after a leading axis if ``batch``) and dtype.
+
+    Returns the common leading-axis length when ``batch`` is requested
+    (``batch=-1``: any length, the same for every leaf).
+    """
+    xs, xdef = jtu.tree_flatten(x)
+    rs, rdef = jtu.tree_flatten(ref)
+    if xdef != rdef:
+        raise ValueError(f"{argname} has tree structure {xdef}, expected that of {refname}: {rdef}")
+    lead = set()
+    for i, (a, r) in enumerate(zip(xs, rs)):
+        sa, sr = _shape(a), _shape(r)
+        if batch is None:
+            if sa != sr:
+                raise ValueError(f"{argname} leaf {i} has shape {sa}, expected {sr} (the shape of {refname})")
+        else:
+            if len(sa) != len(sr) + 1 or sa[1:] != sr:
+                raise ValueError(f"{argname} leaf {i} has shape {sa}, expected (n_samples, *{sr}): a leading "
+                                 f"sample axis in front of the shape of {refname}")
+            lead.add(sa[0])
+        da, dr = _dtype(a), _dtype(r)
+        if da is not None and dr is not None and da != dr:
+            raise TypeError(f"{argname} leaf {i} has dtype {da}, expected {dr} (the dtype of {refname})")
+    if batch is None:
+        return None
+    if len(lead) > 1:
+        raise ValueError(f"{argname} leaves have different sample counts (leading axes) {sorted(lead)}")
+    return lead.pop() if lead else 0
+
+
+def check_samples(pos, residuals, keys=None) -> None:
+    """Validate the parts of a :class:`Samples` (shapes and dtypes only: works on tracers).
+
+    Raises
+    ------
+    ValueError
+        ``residuals`` does not have ``pos``'s structure with one common
+        leading sample axis; ``keys`` has a count that is neither the number
+        of residuals (unmirrored) nor half of it (antithetic pairs).
+    TypeError
+        A residual dtype differs from ``pos``'s; ``keys`` is not a raw
+        ``uint32`` key array of shape ``(n_keys, 2)``.
+    """
+    n = _check_like(residuals, pos, "residuals", "pos", batch=-1)
+    if keys is None:
+        return
+    kd, ks = _dtype(keys), _shape(keys)
+    if kd != np.uint32 or len(ks) != 2 or ks[1] != 2:
+        raise TypeError(f"keys must be raw threefry keys, uint32 of shape (n_keys, 2) (e.g. "
+                        f"jax.random.split(jax.random.PRNGKey(0), n_keys)), got dtype {kd} shape {ks}")
+    if ks[0] not in (n, n / 2) or (n == 0 and ks[0] != 0):
+        raise ValueError(f"keys holds {ks[0]} keys for {n} residuals: expected one key per residual or one per "
+                         f"antithetic pair ({n // 2 if n % 2 == 0 else 'n/a'}), or keys=None")
 
 
 @jtu.register_pytree_node_class
@@ -27,12 +101,16 @@ class Samples:
 
     Notes
     -----
+    The constructor checks shapes and dtypes (:func:`check_samples`); JAX's
+    pytree round trips (``tree_map``, ``vmap`` axes) are not checked, so an
+    ``in_axes`` spec is built with ``Samples.tree_unflatten(None, (None, 0, None))``.
     ``len(samples)`` is ``n``. Iterating yields ``pos + residuals[i]``; with no
     residuals it yields ``pos`` once, and ``mean``/``mean_and_std`` reduce to
     the point estimate (std 0).
     """
 
     def __init__(self, pos, residuals, keys=None):
+        check_samples(pos, residuals, keys)
         self.pos = pos
         self.residuals = residuals
         self.keys = keys
@@ -42,7 +120,10 @@ class Samples:
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls(*children)
+        # no validation: JAX rebuilds pytrees with placeholders (vmap axes, sharding specs) as leaves
+        obj = cls.__new__(cls)
+        obj.pos, obj.residuals, obj.keys = children
+        return obj
 
     def __len__(self) -> int:
         leaves = jtu.tree_leaves(self.residuals)
@@ -65,9 +146,8 @@ class Samples:
         return jtu.tree_map(lambda x: x[i], self.samples)
 
     def at(self, pos) -> "Samples":
-        """The same residuals around a new position."""
-        if jtu.tree_structure(pos) != jtu.tree_structure(self.pos):
-            raise ValueError("pos must have the same tree structure as samples.pos")
+        """The same residuals around a new position (same structure, shapes and dtypes as ``self.pos``)."""
+        _check_like(pos, self.pos, "pos", "samples.pos")
         return Samples(pos, self.residuals, self.keys)
 
     def map(self, fn: Callable):

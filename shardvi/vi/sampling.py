@@ -2,16 +2,40 @@
 from __future__ import annotations
 
 import jax
+import numpy as np
 
 from .. import tree_math as tm
-from ..minimizers.cg import CGResult, conjugate_gradient
+from ..minimizers.cg import CGResult, cg_solve
 from ..minimizers.config import CGConfig, NewtonCGConfig
 from ..minimizers.newton_cg import OptimizeResult, newton_cg
+from ..models.model import check_latent
 from .kl import hamiltonian_metric_operator
 from .likelihood import Likelihood
 from .masks import project
 
 __all__ = ["metric_sample", "draw_linear_residual", "nonlinearly_update_residual"]
+
+
+def _check_inputs(lh, pos, key, config, config_type, *, residual=None, sign=None) -> None:
+    """Shapes, dtypes and types of the public sampling functions' inputs (no values read: traced inputs pass)."""
+    if not isinstance(lh, Likelihood):
+        raise TypeError(f"lh must be a shardvi Likelihood, got {type(lh).__name__}")
+    check_latent(pos, lh.domain, "pos", finite=False, exact_dtype=True)
+    if residual is not None:
+        check_latent(residual, lh.domain, "residual", finite=False, exact_dtype=True)
+    kdtype = getattr(key, "dtype", None)
+    typed = kdtype is not None and jax.dtypes.issubdtype(kdtype, jax.dtypes.prng_key)
+    raw = not typed and kdtype == np.uint32
+    if not ((typed and np.shape(key) == ()) or (raw and np.shape(key) == (2,))):
+        is_batch = (typed and np.ndim(key) >= 1) or (raw and np.ndim(key) == 2 and np.shape(key)[1] == 2)
+        batch = " (a batch of keys: these functions draw one residual; map them with jax.vmap)" if is_batch else ""
+        raise TypeError(f"key must be one jax.random key (PRNGKey(seed): uint32 of shape (2,), or a scalar "
+                        f"jax.random.key), got {type(key).__name__} of dtype {kdtype} and shape "
+                        f"{np.shape(key)}{batch}")
+    if sign is not None and (np.shape(sign) != () or isinstance(sign, bool)):
+        raise TypeError(f"metric_sample_sign must be a scalar (+1 or -1), got shape {np.shape(sign)}")
+    if not isinstance(config, config_type):
+        raise TypeError(f"config must be a {config_type.__name__}, got {type(config).__name__}")
 
 
 def _keep(lh, sample_mask):
@@ -55,6 +79,10 @@ def draw_linear_residual(lh: Likelihood, pos, key, config: CGConfig = CGConfig()
     Returns
     -------
     residual, CGResult
+        ``CGResult.status`` is ``NONPOSITIVE_CURVATURE`` where a CG direction
+        has ``d.M.d < |d|^2`` beyond rounding: ``M = J^T F J + I`` cannot do
+        that for a valid likelihood (its Fisher metric ``F`` is not positive
+        semi-definite, e.g. a callable ``noise_cov_inv`` that is not positive).
 
     Notes
     -----
@@ -64,10 +92,15 @@ def draw_linear_residual(lh: Likelihood, pos, key, config: CGConfig = CGConfig()
     an energy-based stopping rule (``absdelta``) can stop a solve after a few
     iterations with ``r`` close to 0, i.e. a collapsed sample.
     """
+    _check_inputs(lh, pos, key, config, CGConfig)
     keep = _keep(lh, sample_mask)
     y, e2 = _metric_sample_parts(lh, pos, key, keep)
     metric = hamiltonian_metric_operator(lh, pos)  # the model is evaluated at pos once, not per CG iteration
-    res = conjugate_gradient(lambda v: project(keep, metric(project(keep, v))), y, e2, config=config)
+    # M = J^T F J + I >= I: a direction with d.M.d < |d|^2 (beyond rounding) means a broken likelihood metric
+    # (e.g. a noise covariance that is not positive definite); CG stops there with NONPOSITIVE_CURVATURE
+    res = cg_solve(lambda v: project(keep, metric(project(keep, v))), y, e2, tol=config.tol,
+                   resnorm=config.resnorm, absdelta=config.absdelta, miniter=config.miniter,
+                   maxiter=config.maxiter, name=config.name, min_curvature=1.0)
     return res.x, res
 
 
@@ -85,10 +118,20 @@ def nonlinearly_update_residual(lh: Likelihood, pos, residual, metric_sample_key
     ``J_g^T J_g``, starting from ``residual``. For a linear model the linear
     residual is already the root.
 
+    ``config.xtol`` bounds the remaining Newton step ``J_g^-1 delta``: the inner
+    CG's residual ``r`` enters as ``|r| / c`` with ``c = 1``, the smallest
+    eigenvalue of ``J_g^T J_g = Mbar^2 >= I`` at ``r = 0`` (an estimate away
+    from it). A Gauss-Newton direction of non-positive curvature (``J_g``
+    singular along it) stops the update with status ``NONPOSITIVE_CURVATURE``.
+
     Returns
     -------
     residual, OptimizeResult
     """
+    _check_inputs(lh, pos, metric_sample_key, config, NewtonCGConfig, residual=residual, sign=metric_sample_sign)
+    if not lh.has_transformation:
+        raise TypeError("lh has no transformation: the geoVI update needs one (Gaussian, Poisson, StudentT, ... "
+                        "and their amend/sum provide it)")
     keep = _keep(lh, sample_mask)
     y = tm.scale(metric_sample_sign, metric_sample(lh, pos, metric_sample_key, keep))
     x_bar, vjp_bar = jax.vjp(lh.transformation, pos)
@@ -111,5 +154,8 @@ def nonlinearly_update_residual(lh: Likelihood, pos, residual, metric_sample_key
     def hessp(r, v):
         return hessp_at(r)(v)
 
-    res = newton_cg(fun_and_grad, hessp, project(keep, residual), config, hessp_at=hessp_at)
+    # J_g^T J_g is positive semi-definite by construction (min_curvature=0: no gradient fallback); at r = 0 it is
+    # Mbar^2 >= I, the curvature floor that bounds what an inner CG stopped early leaves of the Newton step
+    res = newton_cg(fun_and_grad, hessp, project(keep, residual), config, hessp_at=hessp_at, min_curvature=0.0,
+                    xtol_curvature=1.0)
     return res.x, res

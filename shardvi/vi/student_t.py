@@ -29,7 +29,7 @@ def StudentT(data, dof, noise_std) -> Likelihood:
     d = finite_data(data, "data")
     if any(jnp.iscomplexobj(x) for x in jtu.tree_leaves(d)):
         raise TypeError("StudentT data must be real")
-    nu_host, sig_host = positive_like(dof, d, "dof"), positive_like(noise_std, d, "noise_std")
+    nu_host, sig_host = positive_like(dof, d, "dof"), positive_like(noise_std, d, "noise_std", inverse_square=True)
     # in NumPy, like the checks (no eager XLA programs); sqrt and division are correctly rounded in both
     fac = to_device(jtu.tree_map(lambda n, s: np.sqrt((n + 1) / (n + 3)) / s, nu_host, sig_host))
     nu, sig = to_device(nu_host), to_device(sig_host)
@@ -39,9 +39,11 @@ def StudentT(data, dof, noise_std) -> Likelihood:
             lambda si, di, n, sg: jnp.sum(0.5 * (n + 1) * jnp.log1p(((di - si) / sg) ** 2 / n)), s, d, nu, sig)
         return sum(jtu.tree_leaves(parts))
 
-    return Likelihood(
+    lh = Likelihood(
         energy, lambda s: jtu.tree_map(lambda si, f: f * si, s, fac), domain=domain_of(d),
         metric=lambda s, t: jtu.tree_map(lambda ti, f: f * f * ti, t, fac),
         left_sqrt_metric=lambda s, e: jtu.tree_map(lambda ei, f: f * ei, e, fac),
         normalized_residual=lambda s: jtu.tree_map(lambda si, di, sg: (di - si) / sg, s, d, sig),
     )
+    lh.data_leaves = {"StudentT": {"data": d, "dof": nu_host, "noise_std": sig_host}}  # checkpoint fingerprint
+    return lh

@@ -43,8 +43,10 @@ def VariableCovarianceGaussian(data) -> Likelihood:
         _, std = s
         return (e[0] / std, _SQRT2 * e[1] / std)
 
-    return Likelihood(
+    lh = Likelihood(
         energy, lambda s: (s[0] / s[1], _SQRT2 * jnp.log(s[1])), domain=(sds, sds),
         metric=metric, left_sqrt_metric=lsm, lsm_tangents_shape=(sds, sds),
         normalized_residual=lambda s: (d - s[0]) / s[1],
     )
+    lh.data_leaves = {"VariableCovarianceGaussian": {"data": d}}  # checkpoint fingerprint
+    return lh

@@ -1,0 +1,110 @@
+"""Fingerprints: what a checkpoint belongs to (data hashes, latent structure, settings) and how two differ."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import jax
+import numpy as np
+from jax import tree_util as jtu
+
+from .files import _structure
+
+__all__ = ["fingerprint"]
+
+
+def _leaf_record(path: str, x) -> list:
+    """``[path, shape, dtype, sha256]``; ``sha256`` of the bytes, ``None`` for a shape-only leaf."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return [path, list(x.shape), str(np.dtype(x.dtype)), None]
+    a = np.ascontiguousarray(np.asarray(x))
+    h = hashlib.sha256(json.dumps([list(a.shape), str(a.dtype)]).encode() + b"\0")
+    h.update(a.reshape(-1).view(np.uint8))
+    return [path, list(a.shape), str(a.dtype), h.hexdigest()]
+
+
+def _describe_tree(tree) -> dict:
+    """Records of the known leaves of ``tree`` and the paths of its unknown (``None``) parts."""
+    if tree is None:
+        return {"leaves": [], "unknown": ["<all>"]}
+    flat = jtu.tree_flatten_with_path(tree, is_leaf=lambda x: x is None or isinstance(x, jax.ShapeDtypeStruct))[0]
+    leaves, unknown = [], []
+    for p, x in flat:
+        if x is None:
+            unknown.append(jtu.keystr(p) or "<all>")
+        else:
+            leaves.append(_leaf_record(jtu.keystr(p), x))
+    return {"leaves": leaves, "unknown": unknown}
+
+
+def _settings_record(value):
+    """JSON form of a setting: plain JSON values as they are, a pytree of bools (a selection) as the
+    list of its selected paths, other pytrees as ``[[path, leaf], ...]``."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    flat = [(jtu.keystr(p), v.item() if isinstance(v, np.generic) else v)
+            for p, v in jtu.tree_flatten_with_path(value)[0]]
+    if all(isinstance(v, bool) for _, v in flat):
+        return [p or "." for p, v in flat if v]
+    return [[p, v] for p, v in flat]
+
+
+def fingerprint(likelihood, position, **settings) -> dict:
+    """What a checkpoint belongs to: likelihood data and kind, latent structure, run settings.
+
+    Parameters
+    ----------
+    likelihood : Likelihood
+        Its ``data_leaves`` (the data and noise arrays it was built from and,
+        after ``amend``, the model's output shapes) are hashed with SHA-256
+        per leaf (bytes, shape, dtype); unknown parts (``None``: a user-built
+        likelihood, a callable noise covariance) are listed as unknown.
+    position : pytree
+        A latent position: tree structure, shapes and dtypes.
+    **settings
+        JSON values or pytrees of them (e.g. ``mirror_samples``, the
+        ``point_estimates`` mask).
+
+    Returns
+    -------
+    dict
+        JSON-serializable; stored in the index by :func:`save_checkpoint`.
+    """
+    return {"likelihood": _describe_tree(getattr(likelihood, "data_leaves", None)),
+            "latent": _structure(position),
+            "settings": {k: _settings_record(v) for k, v in sorted(settings.items())}}
+
+
+def _short(h):
+    return "-" if h is None else h[:12]
+
+
+def _fingerprint_differences(saved: dict, current: dict) -> list:
+    """Human-readable differences between two fingerprints (components missing in one are skipped)."""
+    out = []
+    if isinstance(saved.get("likelihood"), dict) and "likelihood" in current:
+        s, c = saved["likelihood"], current["likelihood"]
+        sl = {r[0]: r for r in s["leaves"]}
+        cl = {r[0]: r for r in c["leaves"]}
+        if s["unknown"] != c["unknown"] or set(sl) != set(cl):
+            out.append("likelihood: a different kind or data structure (checkpoint: "
+                       f"{sorted(sl) + ['unknown ' + u for u in s['unknown']]}, now: "
+                       f"{sorted(cl) + ['unknown ' + u for u in c['unknown']]})")
+        else:
+            for p in sl:
+                a, b = sl[p], cl[p]
+                what = "model output" if "model_output" in p else "data"
+                if a[1:3] != b[1:3]:
+                    out.append(f"{what} {p}: shape {a[1]} {a[2]} in the checkpoint, {b[1]} {b[2]} now")
+                elif a[3] != b[3]:
+                    out.append(f"{what} {p}: the values differ (SHA-256 {_short(a[3])}... in the checkpoint, "
+                               f"{_short(b[3])}... now)")
+    if "latent" in saved and "latent" in current and saved["latent"] != current["latent"]:
+        out.append(f"latent structure: {saved['latent']} in the checkpoint, {current['latent']} now")
+    ss, cs = saved.get("settings"), current.get("settings", {})
+    if isinstance(ss, dict):
+        for k in sorted(set(ss) & set(cs)):
+            if ss[k] != cs[k]:
+                out.append(f"{k}: {ss[k]!r} in the checkpoint, {cs[k]!r} now")
+    return out
+
