@@ -71,6 +71,21 @@ def check_positive(value, flag: str, minimum: int = 1) -> int:
     return int(value)
 
 
+def check_positive_float(value, flag: str) -> float:
+    """``value`` as a positive finite float, else ``ValueError`` naming ``flag``."""
+    if not (np.isfinite(value) and value > 0):
+        raise ValueError(f"{flag} must be a positive finite float, got {value!r}")
+    return float(value)
+
+
+def check_linear_iterations(args) -> None:
+    """``--linear-iterations`` an int in ``[0, --iterations]`` (``ValueError`` naming the flag)."""
+    check_positive(args.linear_iterations, "--linear-iterations", minimum=0)
+    if args.linear_iterations > args.iterations:
+        raise ValueError(f"--linear-iterations ({args.linear_iterations}) must be <= --iterations "
+                         f"({args.iterations})")
+
+
 def check_common(args) -> None:
     """Validate the flags added by :func:`add_common_flags` (``ValueError`` naming the flag)."""
     check_positive(args.n_samples, "--n-samples")

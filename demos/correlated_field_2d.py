@@ -51,12 +51,8 @@ def parse(argv=None):
     args = ap.parse_args(argv)
     du.check_common(args)
     du.check_positive(args.npix, "--npix", minimum=8)
-    du.check_positive(args.linear_iterations, "--linear-iterations", minimum=0)
-    if args.linear_iterations > args.iterations:
-        raise ValueError(f"--linear-iterations ({args.linear_iterations}) must be <= --iterations "
-                         f"({args.iterations})")
-    if not (np.isfinite(args.noise_std) and args.noise_std > 0):
-        raise ValueError(f"--noise-std must be a positive finite float, got {args.noise_std!r}")
+    du.check_linear_iterations(args)
+    du.check_positive_float(args.noise_std, "--noise-std")
     return args
 
 

@@ -53,10 +53,7 @@ def parse(argv=None):
     du.check_positive(args.devices, "--devices", minimum=2)
     du.check_positive(args.npix, "--npix", minimum=8)
     du.check_positive(args.chunk_size, "--chunk-size")
-    du.check_positive(args.linear_iterations, "--linear-iterations", minimum=0)
-    if args.linear_iterations > args.iterations:
-        raise ValueError(f"--linear-iterations ({args.linear_iterations}) must be <= --iterations "
-                         f"({args.iterations})")
+    du.check_linear_iterations(args)
     if args.reduce not in REDUCE_MODES:
         raise ValueError(f"--reduce must be one of {REDUCE_MODES}, got {args.reduce!r}")
     return args

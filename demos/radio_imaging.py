@@ -49,12 +49,8 @@ def parse(argv=None):
     du.check_positive(args.npix, "--npix", minimum=8)
     du.check_positive(args.antennas, "--antennas", minimum=3)
     du.check_positive(args.times, "--times", minimum=1)
-    du.check_positive(args.linear_iterations, "--linear-iterations", minimum=0)
-    if args.linear_iterations > args.iterations:
-        raise ValueError(f"--linear-iterations ({args.linear_iterations}) must be <= --iterations "
-                         f"({args.iterations})")
-    if not (np.isfinite(args.noise_level) and args.noise_level > 0):
-        raise ValueError(f"--noise-level must be a positive finite float, got {args.noise_level!r}")
+    du.check_linear_iterations(args)
+    du.check_positive_float(args.noise_level, "--noise-level")
     return args
 
 

@@ -118,14 +118,24 @@ def _new_lock_file(directory: str):
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=_tmp_prefix(), suffix="-" + LOCK_NAME)
     try:
         os.fchmod(fd, _file_mode())
-        _flock(fd)
-        os.write(fd, _lock_record())
-        os.fsync(fd)
     except BaseException:
         os.close(fd)
         os.unlink(tmp)
         raise
+    _flock(fd)
+    _write_record(fd, tmp)
     return fd, tmp
+
+
+def _write_record(fd: int, path: str) -> None:
+    """Write our owner record into the lock file ``fd`` at ``path``; on failure close and remove it."""
+    try:
+        os.write(fd, _lock_record())
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(path)
+        raise
 
 
 class _Lock:
@@ -161,13 +171,7 @@ def _acquire(directory: str) -> _Lock:
             # a checker may hold our fresh file's flock for an instant (it sees no record yet and lets go)
             while _flock(fd) is False and time.monotonic() < deadline:
                 time.sleep(0.005)
-            try:
-                os.write(fd, _lock_record())
-                os.fsync(fd)
-            except BaseException:
-                os.close(fd)
-                os.unlink(path)
-                raise
+            _write_record(fd, path)
             _fsync_dir(directory)
             return _Lock(fd, path)
 
