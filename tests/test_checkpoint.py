@@ -510,6 +510,8 @@ INDEX_CASES = [
     ("history dict", _set("history", {}), "history must be a list"),
     ("history entry not object", _set("history", [3]), r"history\[0\] must be an object"),
     ("history missing field", lambda m: m["history"][0].pop("kl_energy"), r"missing field\(s\) \['kl_energy'\]"),
+    ("history status not ints", lambda m: m["history"][0].update(sampling_status=["converged"]),
+     r"history\[0\]\.sampling_status must be a list of ints or null"),
     ("history unknown field", _hist("evil", 1), r"unknown field\(s\) \['evil'\]"),
     ("history kl_energy string", _hist("kl_energy", "low"), r"history\[0\].kl_energy must be a number"),
     ("history sample_mode", _hist("sample_mode", "fancy"), r"sample_mode must be one of the sample modes"),

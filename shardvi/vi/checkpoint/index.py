@@ -22,20 +22,26 @@ def _is_num(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+def _is_int_list(v) -> bool:
+    return isinstance(v, list) and all(_is_int(i) for i in v)
+
+
 _REPORT_CHECKS = {
     "iteration": (_is_int, "an int"),
     "sample_mode": (lambda v: v in {m.value for m in SampleMode}, "one of the sample modes"),
     "n_samples": (lambda v: _is_int(v) and v >= 0, "an int >= 0"),
     "kl_energy": (_is_num, "a number"),
-    "sampling_nit": (lambda v: isinstance(v, list) and all(_is_int(i) for i in v), "a list of ints"),
-    "nonlinear_nit": (lambda v: isinstance(v, list) and all(_is_int(i) for i in v), "a list of ints"),
+    "sampling_nit": (_is_int_list, "a list of ints"),
+    "nonlinear_nit": (_is_int_list, "a list of ints"),
     "kl_nit": (_is_int, "an int"),
     "kl_cg_nit": (_is_int, "an int"),
     "kl_status": (_is_int, "an int"),
     "chi2_likelihood": (lambda v: v is None or _is_num(v), "a number or null"),
     "chi2_prior": (_is_num, "a number"),
     "wall_time": (_is_num, "a number"),
-}   # fields of IterationReport not listed here: any JSON value
+    "sampling_status": (lambda v: v is None or _is_int_list(v), "a list of ints or null"),
+    "nonlinear_status": (lambda v: v is None or _is_int_list(v), "a list of ints or null"),
+}
 
 
 def _is_record(r) -> bool:
