@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean docs test-fast
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,11 +13,23 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+DOCS_STAMP := $(VENV)/.installed-docs
+
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)  ## API reference and guides into site/ (mkdocs --strict: any warning fails)
+	$(PY) -m mkdocs build --strict
+
 demo: $(STAMP)
 	JAX_PLATFORMS=cpu $(PY) demos/correlated_field_2d.py --output demo_output/correlated_field_2d
 
 test: $(STAMP)
 	JAX_PLATFORMS=cpu $(PY) -m pytest -q -n 2 tests
 
+test-fast: $(STAMP)  ## the suite without the tests marked slow (pytest -m "not slow"), for development
+	JAX_PLATFORMS=cpu $(PY) -m pytest -q -n 2 -m "not slow" tests
+
 clean:
-	rm -rf $(VENV) demo_output .pytest_cache
+	rm -rf $(VENV) demo_output .pytest_cache site

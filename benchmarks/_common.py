@@ -1,4 +1,4 @@
-"""Shared pieces of the benchmark scripts (problem, compile counter, RSS, subprocess runner, tables).
+"""Shared pieces of the benchmark scripts (problem, RSS, subprocess runner, tables; compile counter from shardvi).
 
 Imported by the benchmark *children* in both the project venv and the separate
 NIFTy.re venv (``benchmarks/.venv-nifty``, which has shardvi installed too), so
@@ -18,35 +18,16 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-TRACE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration")
 
+def CompileStats():
+    """A running :class:`shardvi.compilation.CompileCounter` (the library's listener, in either venv).
 
-class CompileStats:
-    """``jax.monitoring`` listener: number and seconds of XLA backend compilations, plus trace/lower seconds.
-
-    The same listener as :class:`shardvi.compilation.CompileCounter` (the
-    ``/jax/core/compile/backend_compile_duration`` event), usable in any venv.
-    ``trace_lower_s`` sums jaxpr tracing and MLIR lowering events; nested
-    traces (a jitted function traced inside another) are counted in both.
+    ``snapshot()`` gives ``{"n": compilations, "s": their seconds, "trace_lower_s":
+    jaxpr tracing + MLIR lowering seconds}``; ``close()`` unregisters it.
     """
-
-    def __init__(self):
-        from jax import monitoring
-        self.n = 0
-        self.s = 0.0
-        self.trace_lower_s = 0.0
-        monitoring.register_event_duration_secs_listener(self._listener)
-
-    def _listener(self, name, duration, **kwargs):
-        if name == COMPILE_EVENT:
-            self.n += 1
-            self.s += duration
-        elif name in TRACE_EVENTS:
-            self.trace_lower_s += duration
-
-    def snapshot(self):
-        return dict(n=self.n, s=self.s, trace_lower_s=self.trace_lower_s)
+    import_shardvi()
+    from shardvi.compilation import CompileCounter
+    return CompileCounter()
 
 
 def peak_rss_mib() -> float:

@@ -43,7 +43,7 @@ from jax import monitoring  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import shardvi as sv  # noqa: E402
-from shardvi._demo_models import build_demo  # noqa: E402
+from shardvi.examples import build_demo  # noqa: E402
 
 _COMPILE = {"n": 0, "s": 0.0}
 

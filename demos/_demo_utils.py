@@ -14,10 +14,8 @@ import sys
 
 import numpy as np
 
-__all__ = ["STRATEGIES", "add_common_flags", "check_common", "check_positive", "setup_devices", "make_strategy",
+__all__ = ["add_common_flags", "check_common", "check_positive", "setup_devices", "make_strategy",
            "diff_stats", "coverage", "setup_logging", "png_path", "parse_or_exit", "run_main", "progress"]
-
-STRATEGIES = ("vmap", "lax_map", "shard_map", "pmap", "jit")
 
 
 def add_common_flags(ap: argparse.ArgumentParser, *, samples: int, iterations: int, seed: int, output: str,
@@ -27,8 +25,9 @@ def add_common_flags(ap: argparse.ArgumentParser, *, samples: int, iterations: i
                     help=f"antithetic sample pairs per iteration (default {samples})")
     ap.add_argument("--iterations", type=int, default=iterations,
                     help=f"global MGVI/geoVI iterations (default {iterations})")
-    ap.add_argument("--strategy", default=strategy,
-                    help=f"sample_map/kl_map strategy, one of {STRATEGIES} (default {strategy})")
+    ap.add_argument("--strategy", default=strategy, metavar="NAME",
+                    help=f"sample_map/kl_map strategy: a name registered in shardvi.parallel, e.g. vmap, lax_map, "
+                         f"shard_map, pmap or jit ('python -m shardvi strategies' lists them; default {strategy})")
     ap.add_argument("--devices", type=int, default=devices,
                     help=f"number of devices; on CPU that many are forced (default {devices})")
     ap.add_argument("--seed", type=int, default=seed, help=f"seed of truth, noise and samples (default {seed})")
@@ -92,11 +91,8 @@ def check_common(args) -> None:
     check_positive(args.iterations, "--iterations")
     check_positive(args.devices, "--devices")
     check_positive(args.seed, "--seed", minimum=0)
-    if args.strategy not in STRATEGIES:
-        raise ValueError(f"--strategy must be one of {STRATEGIES}, got {args.strategy!r}")
-    if args.strategy in ("vmap", "lax_map") and args.devices > 1:
-        raise ValueError(f"--strategy {args.strategy} runs on one device; use shard_map, pmap or jit with "
-                         f"--devices {args.devices}")
+    if not args.strategy:
+        raise ValueError("--strategy must be a strategy name, got an empty string")
     if not args.output:
         raise ValueError("--output must be a folder path, got an empty string")
 
@@ -123,14 +119,18 @@ def setup_devices(n: int, flag: str = "--devices"):
 
 
 def make_strategy(name: str, devices):
-    """A reproducible-mode strategy object (chunk size 1) on ``devices``."""
+    """The strategy registered as ``name`` (reproducible mode, chunk size 1) on ``devices``.
+
+    ``--strategy`` is checked here, once JAX is imported: the registry
+    (:func:`shardvi.parallel.strategy_names`) is not read while parsing.
+    """
     from shardvi import parallel
-    if name == "vmap":
-        return parallel.Vmap()
-    if name == "lax_map":
-        return parallel.LaxMap()
-    cls = {"shard_map": parallel.ShardMap, "pmap": parallel.Pmap, "jit": parallel.JitSharding}[name]
-    return cls(devices=tuple(devices))
+    if name not in parallel.strategy_names():
+        raise ValueError(f"--strategy must be one of {parallel.strategy_names()}, got {name!r}")
+    try:
+        return parallel.get_strategy(name, "--strategy", tuple(devices))
+    except ValueError as err:
+        raise ValueError(f"--strategy {name} with --devices {len(devices)}: {err}") from err
 
 
 def diff_stats(a, b) -> dict:

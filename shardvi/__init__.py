@@ -15,10 +15,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from ._version import __version__ as __version__
 
 # submodules reachable as attributes (``sv.vi``, ``sv.plot``, ...)
-_SUBMODULES = ("minimizers", "models", "parallel", "plot", "tree_math", "vi")
+_SUBMODULES = ("compilation", "examples", "minimizers", "models", "parallel", "plot", "tree_math", "vi")
 
 # top-level name -> submodule that defines it (add new exports here and in the TYPE_CHECKING block)
 _EXPORTS = {
@@ -36,7 +36,7 @@ _ORIGIN = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_ORIGIN) + list(_SUBMODULES)
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real imports
-    from . import minimizers, models, parallel, plot, tree_math, vi  # noqa: F401
+    from . import compilation, examples, minimizers, models, parallel, plot, tree_math, vi  # noqa: F401
     from .minimizers import CGConfig, NewtonCGConfig, OptaxConfig  # noqa: F401
     from .models import (  # noqa: F401
         CorrelatedField, CorrelatedFieldMaker, InvGamma, Laplace, LogNormal, Mask, Model, NUFFTResponse, Normal,

@@ -1,4 +1,7 @@
-"""Command-line tools: ``python -m shardvi compare ...``.
+"""Command-line tools: ``python -m shardvi compare ...`` and ``python -m shardvi strategies``.
+
+``strategies`` lists the registered device-map strategies (the names
+``--strategy`` takes; :func:`shardvi.parallel.strategy_names`).
 
 ``compare`` runs the same reconstruction with one strategy on 1 device and on
 N devices and prints the largest absolute and relative differences of the
@@ -23,7 +26,7 @@ import os
 import sys
 import time
 
-__all__ = ["compare", "main"]
+__all__ = ["compare", "main", "strategies"]
 
 
 def _diff(a, b):
@@ -36,17 +39,20 @@ def _diff(a, b):
 
 
 def _strategy(name, devices, reduce, chunk_size):
+    """The registered strategy ``name`` on ``devices`` (``ValueError`` naming ``--strategy`` if it cannot be)."""
     from . import parallel
-    classes = {"vmap": None, "lax_map": None, "shard_map": parallel.ShardMap, "pmap": parallel.Pmap,
-               "jit": parallel.JitSharding}
-    if name not in classes:
-        raise ValueError(f"strategy must be one of {tuple(classes)}, got {name!r}")
-    if classes[name] is None:
-        if len(devices) > 1:
-            raise ValueError(f"strategy {name!r} runs on one device; pick pmap, shard_map or jit for --devices > 1")
-        return parallel.Vmap(chunk_size=chunk_size, reduce=reduce) if name == "vmap" else \
-            parallel.LaxMap(batch_size=chunk_size, reduce=reduce)
-    return classes[name](devices=devices, chunk_size=chunk_size, reduce=reduce)
+    return parallel.get_strategy(name, "--strategy", devices, chunk_size=chunk_size, reduce=reduce)
+
+
+def strategies() -> str:
+    """The registered strategies, one per line: name, class and the first line of its docstring."""
+    from . import parallel
+    rows = []
+    for name in parallel.strategy_names():
+        cls = parallel.strategy_class(name)
+        doc = (cls.__doc__ or "").strip().splitlines()
+        rows.append(f"{name:<12} {cls.__module__}.{cls.__qualname__}: {doc[0] if doc else ''}")
+    return "\n".join(rows)
 
 
 def compare(devices: int = 4, strategy: str = "shard_map", demo: str = "lognormal_1d", *, npix: int = 64,
@@ -68,7 +74,7 @@ def compare(devices: int = 4, strategy: str = "shard_map", demo: str = "lognorma
     import numpy as np
 
     import shardvi as sv
-    from ._demo_models import build_demo
+    from .examples import build_demo
     from .vi.progress import check_progress
 
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
@@ -127,8 +133,9 @@ def main(argv=None, force_cpu_devices: bool = False) -> int:
     cp = sub.add_parser("compare", help="run one reconstruction on 1 and N devices and print the differences")
     cp.add_argument("--devices", type=int, default=4,
                     help="number of devices N; on CPU that many are forced (default 4)")
-    cp.add_argument("--strategy", default="shard_map", choices=("shard_map", "pmap", "jit", "vmap", "lax_map"),
-                    help="sample_map/kl_map strategy (default shard_map)")
+    cp.add_argument("--strategy", default="shard_map", metavar="NAME",
+                    help="sample_map/kl_map strategy: a registered name, e.g. shard_map (default), pmap, jit, vmap "
+                         "or lax_map ('python -m shardvi strategies' lists them all)")
     cp.add_argument("--demo", default="lognormal_1d", help="demo problem: lognormal_1d (default) or wiener_1d")
     cp.add_argument("--npix", type=int, default=64, help="pixels (default 64)")
     cp.add_argument("--n-samples", type=int, default=4, help="antithetic sample pairs per iteration (default 4)")
@@ -139,7 +146,11 @@ def main(argv=None, force_cpu_devices: bool = False) -> int:
     cp.add_argument("--seed", type=int, default=0, help="seed of data and samples (default 0)")
     cp.add_argument("--json", action="store_true", help="print JSON instead of a table")
     cp.add_argument("--quiet", action="store_true", help="no progress on standard error")
+    sub.add_parser("strategies", help="list the registered device-map strategies (--strategy NAME)")
     args = ap.parse_args(argv)
+    if args.command == "strategies":
+        print(strategies())
+        return 0
 
     import jax
     if force_cpu_devices and os.environ.get("JAX_PLATFORMS", "cpu") in ("cpu", ""):
@@ -148,6 +159,10 @@ def main(argv=None, force_cpu_devices: bool = False) -> int:
         except RuntimeError:
             pass
     jax.config.update("jax_enable_x64", True)
+    from . import parallel
+    if args.strategy not in parallel.strategy_names():   # the registry is read once JAX is imported
+        cp.error(f"argument --strategy: invalid choice: {args.strategy!r} (choose from "
+                 f"{', '.join(parallel.strategy_names())})")
     try:
         res = compare(args.devices, args.strategy, args.demo, npix=args.npix, n_samples=args.n_samples,
                       iterations=args.iterations, reduce=args.reduce, chunk_size=args.chunk_size, seed=args.seed,

@@ -1,57 +1,98 @@
-"""Count XLA compilations (to verify that iterations do not recompile)."""
+"""Count XLA compilations (to verify that iterations do not recompile) and time them.
+
+>>> from shardvi.compilation import CompileCounter
+>>> with CompileCounter() as cc:
+...     f(x)
+>>> cc.count, cc.seconds
+
+The counter is a :mod:`jax.monitoring` listener of the
+``/jax/core/compile/backend_compile_duration`` event. It is registered when the
+counter is created and unregistered by :meth:`CompileCounter.close` (or on
+leaving the ``with`` block): a closed counter keeps its numbers and stops
+counting, and no listener is left behind. Counters are independent and may nest.
+"""
 from __future__ import annotations
 
 import threading
+from typing import Self
 
 from jax import monitoring
 
-__all__ = ["CompileCounter"]
+__all__ = ["COMPILE_EVENT", "TRACE_LOWER_EVENTS", "CompileCounter"]
 
-_EVENT = "/jax/core/compile/backend_compile_duration"
-_lock = threading.Lock()
-_count = 0
-_registered = False
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+"""The :mod:`jax.monitoring` event of one XLA backend compilation."""
 
-
-def _listener(name, duration, **kwargs):
-    global _count
-    if name == _EVENT:
-        with _lock:
-            _count += 1
-
-
-def _ensure_registered():
-    global _registered
-    with _lock:
-        if not _registered:
-            monitoring.register_event_duration_secs_listener(_listener)
-            _registered = True
+TRACE_LOWER_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration")
+"""The :mod:`jax.monitoring` events of tracing to a jaxpr and lowering it to MLIR."""
 
 
 class CompileCounter:
-    """Context manager counting XLA backend compilations in this process.
+    """Count XLA backend compilations in this process, from creation until :meth:`close`.
 
-    >>> with CompileCounter() as cc:
-    ...     f(x)
-    >>> cc.count
+    Usable as a context manager (closed on exit) or directly (``cc =
+    CompileCounter()``, ..., ``cc.close()``). Thread-safe.
+
+    Attributes
+    ----------
+    count : int
+        Number of XLA backend compilations so far (or until closed).
+    seconds : float
+        Their total duration in seconds.
+    trace_lower_seconds : float
+        Seconds spent tracing jaxprs and lowering them to MLIR. A function traced
+        inside another jitted function is counted in both.
     """
 
     def __init__(self):
-        _ensure_registered()
-        self._start = None
-        self._end = None
+        self.count = 0
+        self.seconds = 0.0
+        self.trace_lower_seconds = 0.0
+        self._lock = threading.Lock()
+        self._callback = self._listener  # one bound method: registered and unregistered by identity
+        self._active = True
+        monitoring.register_event_duration_secs_listener(self._callback)
 
-    def __enter__(self):
-        self._start = _count
-        self._end = None
-        return self
-
-    def __exit__(self, *exc):
-        self._end = _count
-        return False
+    def _listener(self, name, duration, **kwargs):
+        if name == COMPILE_EVENT:
+            with self._lock:
+                self.count += 1
+                self.seconds += duration
+        elif name in TRACE_LOWER_EVENTS:
+            with self._lock:
+                self.trace_lower_seconds += duration
 
     @property
-    def count(self) -> int:
-        """Compilations since entering (so far, or until exit)."""
-        end = _count if self._end is None else self._end
-        return end - self._start
+    def active(self) -> bool:
+        """Whether the listener is registered (``False`` after :meth:`close`)."""
+        return self._active
+
+    def close(self) -> None:
+        """Unregister the listener; the numbers stay. Idempotent."""
+        with self._lock:
+            if not self._active:
+                return
+            self._active = False
+        try:
+            monitoring.unregister_event_duration_listener(self._callback)
+        except (AssertionError, ValueError):  # already dropped by ``jax.monitoring.clear_event_listeners()``
+            pass
+
+    def snapshot(self) -> dict:
+        """The numbers now: ``{"n": count, "s": seconds, "trace_lower_s": trace_lower_seconds}``.
+
+        (The keys of the benchmark records in ``benchmarks/``.)
+        """
+        with self._lock:
+            return {"n": self.count, "s": self.seconds, "trace_lower_s": self.trace_lower_seconds}
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
+
+    def __repr__(self) -> str:
+        return (f"CompileCounter(count={self.count}, seconds={self.seconds:.3f}, "
+                f"trace_lower_seconds={self.trace_lower_seconds:.3f}, active={self._active})")

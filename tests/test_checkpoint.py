@@ -463,7 +463,8 @@ def test_fingerprint_follows_data_through_amend_and_sum():
     assert ckpt.fingerprint(c, jnp.zeros(3))["likelihood"]["unknown"] == ["['Gaussian']['noise_cov_inv']"]
     user = sv.Likelihood(lambda s: jnp.sum(s ** 2), domain=jax.ShapeDtypeStruct((3,), jnp.float64))
     assert ckpt.fingerprint(user, jnp.zeros(3))["likelihood"] == {"leaves": [], "unknown": ["<all>"]}
-    user.data_leaves = {"data": np.arange(3.0)}
+    user = sv.Likelihood(lambda s: jnp.sum(s ** 2), domain=jax.ShapeDtypeStruct((3,), jnp.float64),
+                         data_leaves={"data": np.arange(3.0)})
     assert ckpt.fingerprint(user, jnp.zeros(3))["likelihood"]["unknown"] == []
 
 

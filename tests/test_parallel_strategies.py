@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 import shardvi as sv
 from _parallel_problem import likelihood, position
-from shardvi._demo_models import build_demo
+from shardvi.examples import build_demo
 from shardvi.parallel import JitSharding, LaxMap, Pmap, ShardMap, Vmap
 from shardvi.parallel.reproducible import reproducible_jit
 from shardvi.vi.kl import kl_value_and_grad

@@ -1,11 +1,13 @@
-"""Jittable solvers: conjugate gradient, Newton-CG, optax adapter."""
-from .cg import CGResult, conjugate_gradient
-from .config import CGConfig, NewtonCGConfig, OptaxConfig
-from .newton_cg import OptimizeResult, newton_cg
-from .optax_adapter import optax_minimize
+"""Jittable solvers: conjugate gradient, Newton-CG, optax adapter; the :class:`Minimizer` base and result types."""
+from .cg import CGConfig, conjugate_gradient
+from .minimizer import Minimizer, check_minimizer
+from .newton_cg import NewtonCGConfig, newton_cg
+from .optax_adapter import OptaxConfig, optax_minimize
+from .solution import CGResult, OptimizeResult, Solution, SolverError
 from .status import Status, status_message
 
 __all__ = [
-    "CGConfig", "CGResult", "NewtonCGConfig", "OptaxConfig", "OptimizeResult", "Status",
-    "conjugate_gradient", "newton_cg", "optax_minimize", "status_message",
+    "CGConfig", "CGResult", "Minimizer", "NewtonCGConfig", "OptaxConfig", "OptimizeResult", "Solution",
+    "SolverError", "Status", "check_minimizer", "conjugate_gradient", "newton_cg", "optax_minimize",
+    "status_message",
 ]

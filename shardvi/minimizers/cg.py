@@ -1,47 +1,58 @@
 """Matrix-free conjugate gradient on pytrees (jittable, vmappable)."""
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+import dataclasses
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 
 from .. import tree_math as tm
-from .config import CGConfig
+from ._validate import check_iters, check_name, check_tol
 from .progress import log_iteration
+from .solution import CGResult
 from .status import Status
 
-__all__ = ["CGResult", "conjugate_gradient", "cg_solve"]
+__all__ = ["CGConfig", "CGResult", "cg_solve", "conjugate_gradient"]
 
 _OFF = -1.0  # a disabled tolerance: "|x| <= -1" never holds
 
 
-class CGResult(NamedTuple):
-    """Result of :func:`conjugate_gradient`.
+@dataclasses.dataclass(frozen=True)
+class CGConfig:
+    """Stopping rules of the conjugate gradient solver.
 
-    Attributes
+    CG stops, after at least ``miniter`` iterations, as soon as any enabled
+    criterion holds; it gives up after ``maxiter`` iterations.
+
+    Parameters
     ----------
-    x : pytree
-        Approximate solution of ``A x = b``.
-    nit : int array
-        Iterations done (one operator application each).
-    status : int array
-        A :class:`~shardvi.minimizers.Status` code.
-    resnorm : float array
-        Norm of the recursively updated residual ``b - A x``.
-    energy : float array
-        CG energy ``x.A.x/2 - b.x`` at ``x``.
+    tol : float or None
+        Relative residual: stop when ``|r| <= tol * |b|`` (scipy's ``rtol``).
+    resnorm : float or None
+        Absolute residual: stop when ``|r| <= resnorm``.
+    absdelta : float or None
+        Stop when the CG energy ``x.A.x/2 - b.x`` changes by at most
+        ``absdelta`` in one iteration (NIFTy's criterion; scale it with the
+        problem size).
+    miniter, maxiter : int
+        Iteration bounds.
+    name : str or None
+        When set, every iteration is logged through ``logging`` under this name.
     """
 
-    x: object
-    nit: jax.Array
-    status: jax.Array
-    resnorm: jax.Array
-    energy: jax.Array
+    tol: Optional[float] = 1e-6
+    resnorm: Optional[float] = None
+    absdelta: Optional[float] = None
+    miniter: int = 0
+    maxiter: int = 1000
+    name: Optional[str] = None
 
-    @property
-    def converged(self):
-        return self.status == Status.CONVERGED
+    def __post_init__(self):
+        for f in ("tol", "resnorm", "absdelta"):
+            check_tol("CGConfig", f, getattr(self, f))
+        check_iters("CGConfig", self.miniter, self.maxiter)
+        check_name("CGConfig", self.name)
 
 
 class _State(NamedTuple):

@@ -1,56 +1,92 @@
 """Newton-CG with a backtracking (Armijo) line search, one jittable loop."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 
 from .. import tree_math as tm
-from .cg import cg_solve
-from .config import NewtonCGConfig
+from ._validate import check_iters, check_name, check_tol
+from .cg import CGConfig, cg_solve
+from .minimizer import Minimizer
 from .progress import log_iteration
+from .solution import OptimizeResult, Solution
 from .status import Status
 
-__all__ = ["OptimizeResult", "newton_cg"]
+__all__ = ["NewtonCGConfig", "OptimizeResult", "newton_cg"]
 
 _ARMIJO_C1 = 1e-4
 _ENERGY_RULE_MINITER = 6  # the inner CG's energy rule counts from this iteration on (NIFTy's CG miniter)
 _F_ROUNDING = 100.0  # energy changes below this many eps * |f| are taken as rounding noise
 
 
-class OptimizeResult(NamedTuple):
-    """Result of a minimizer.
+@dataclasses.dataclass(frozen=True)
+class NewtonCGConfig(Minimizer):
+    """Newton-CG as a :class:`~shardvi.minimizers.Minimizer`: its stopping rules.
 
-    Attributes
+    ``NewtonCGConfig(...).minimize(fun_and_grad, hessp, x0, min_curvature=c)``
+    is ``newton_cg(fun_and_grad, hessp, x0, config, min_curvature=c)``.
+
+    Parameters
     ----------
-    x : pytree
-        Final position.
-    fun : float array
-        Objective at ``x``.
-    grad : pytree
-        Gradient at ``x``.
-    nit : int array
-        Outer iterations.
-    ncg : int array
-        Inner CG iterations summed over all outer iterations (0 for optax).
-    nfev : int array
-        Objective evaluations.
-    status : int array
-        A :class:`~shardvi.minimizers.Status` code.
+    absdelta : float or None
+        Stop when the energy decreases by at most ``absdelta`` in one full
+        (not backtracked) Newton step.
+    xtol : float or None
+        Stop when the mean absolute entry of the Newton step, ``|dx|_1 / n``,
+        is at most ``xtol`` (scipy's ``xtol`` for ``method='Newton-CG'``). Only
+        a Newton step counts, not a gradient step or one cut short by the
+        inner CG or by backtracking (see :func:`~shardvi.minimizers.newton_cg`).
+    gtol : float or None
+        Stop when the gradient norm is at most ``gtol``.
+    miniter, maxiter : int
+        Iteration bounds.
+    cg : CGConfig
+        Inner CG. Its relative tolerance is tightened to the Eisenstat-Walker
+        forcing term ``min(0.5, sqrt(|g|))``.
+    energy_reduction_factor : float or None
+        In (0, 1]: also stop the inner CG (from its 6th iteration on, NIFTy's
+        ``miniter``) when its energy changes by at most this factor times the
+        previous Newton decrease (NIFTy's rule; ``0.1`` there). None (default):
+        off. The rule saves CG iterations per step but stalls on ill-conditioned
+        problems, where it makes Newton converge linearly.
+    max_line_search_steps : int
+        Backtracking halvings of the step before the line search gives up.
+    name : str or None
+        When set, every iteration is logged through ``logging`` under this name.
     """
 
-    x: object
-    fun: jax.Array
-    grad: object
-    nit: jax.Array
-    ncg: jax.Array
-    nfev: jax.Array
-    status: jax.Array
+    absdelta: Optional[float] = None
+    xtol: Optional[float] = 1e-8
+    gtol: Optional[float] = None
+    miniter: int = 0
+    maxiter: int = 50
+    cg: CGConfig = dataclasses.field(default_factory=lambda: CGConfig(tol=0.5, maxiter=500))
+    energy_reduction_factor: Optional[float] = None
+    max_line_search_steps: int = 30
+    name: Optional[str] = None
 
-    @property
-    def converged(self):
-        return self.status == Status.CONVERGED
+    def __post_init__(self):
+        for f in ("absdelta", "xtol", "gtol"):
+            check_tol("NewtonCGConfig", f, getattr(self, f))
+        check_iters("NewtonCGConfig", self.miniter, self.maxiter)
+        if not isinstance(self.cg, CGConfig):
+            raise TypeError(f"NewtonCGConfig.cg must be a CGConfig, got {type(self.cg).__name__}")
+        check_tol("NewtonCGConfig", "energy_reduction_factor", self.energy_reduction_factor, upper=1.0)
+        if self.energy_reduction_factor == 0:
+            raise ValueError("NewtonCGConfig.energy_reduction_factor must be in (0, 1], got 0")
+        if isinstance(self.max_line_search_steps, bool) or not isinstance(self.max_line_search_steps, int) \
+                or self.max_line_search_steps < 1:
+            raise ValueError("NewtonCGConfig.max_line_search_steps must be an int >= 1, "
+                             f"got {self.max_line_search_steps!r}")
+        check_name("NewtonCGConfig", self.name)
+
+    def minimize(self, fun_and_grad: Callable, hessp: Callable, x0, *,
+                 min_curvature: Optional[float] = None) -> Solution:
+        """:func:`newton_cg` with this configuration (see :meth:`Minimizer.minimize`)."""
+        return newton_cg(fun_and_grad, hessp, x0, self, min_curvature=min_curvature)
 
 
 class _State(NamedTuple):
@@ -66,7 +102,7 @@ class _State(NamedTuple):
 
 def newton_cg(fun_and_grad: Callable, hessp: Callable, x0, config: NewtonCGConfig = NewtonCGConfig(), *,
               hessp_at: Optional[Callable] = None, min_curvature: Optional[float] = None,
-              xtol_curvature: Optional[float] = None) -> OptimizeResult:
+              xtol_curvature: Optional[float] = None) -> Solution:
     """Minimize a smooth function with truncated Newton steps.
 
     Parameters
@@ -100,7 +136,7 @@ def newton_cg(fun_and_grad: Callable, hessp: Callable, x0, config: NewtonCGConfi
 
     Returns
     -------
-    OptimizeResult
+    Solution
 
     Notes
     -----
@@ -126,6 +162,8 @@ def newton_cg(fun_and_grad: Callable, hessp: Callable, x0, config: NewtonCGConfi
     """
     if not isinstance(config, NewtonCGConfig):
         raise TypeError(f"config must be a NewtonCGConfig, got {type(config).__name__}")
+    check_tol("newton_cg", "min_curvature", min_curvature)
+    check_tol("newton_cg", "xtol_curvature", xtol_curvature)
     cgc = config.cg
     if xtol_curvature is None and min_curvature is not None and min_curvature > 0:
         xtol_curvature = min_curvature
@@ -239,4 +277,4 @@ def newton_cg(fun_and_grad: Callable, hessp: Callable, x0, config: NewtonCGConfi
         return keep
 
     s = jax.lax.while_loop(cond, body, state)
-    return OptimizeResult(s.x, s.f, s.g, s.nit, s.ncg, s.nfev, s.status)
+    return Solution(s.x, s.f, s.g, s.nit, s.ncg, s.nfev, s.status)

@@ -1,7 +1,8 @@
 """Run any optax optimizer inside one ``lax.while_loop``."""
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+import dataclasses
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -10,12 +11,66 @@ import optax
 from jax import tree_util as jtu
 
 from .. import tree_math as tm
-from .config import OptaxConfig
-from .newton_cg import OptimizeResult
+from ._validate import check_iters, check_name, check_tol
+from .minimizer import Minimizer
 from .progress import log_iteration
+from .solution import Solution
 from .status import Status
 
-__all__ = ["check_optimizer", "optax_minimize"]
+__all__ = ["OptaxConfig", "check_optimizer", "optax_minimize"]
+
+
+@dataclasses.dataclass(frozen=True)
+class OptaxConfig(Minimizer):
+    """Run an ``optax.GradientTransformation`` as a :class:`~shardvi.minimizers.Minimizer`.
+
+    ``OptaxConfig(...).minimize(fun_and_grad, hessp, x0)`` is
+    ``optax_minimize(fun_and_grad, x0, config)``: first-order, ``hessp`` and
+    ``min_curvature`` are ignored.
+
+    Parameters
+    ----------
+    optimizer : optax.GradientTransformation
+        Any optax optimizer (``optax.adam(1e-2)``, ``optax.lbfgs()``, ...).
+        Line searches get a ``value_fn`` whose gradient is the minimizer's
+        own (no reverse mode through the objective). :class:`~shardvi.OptimizeVI`
+        traces ``init`` and one ``update`` on the latent domain when it is
+        built (``jax.eval_shape``, nothing compiled): an optimizer that cannot
+        run in a jitted ``lax.while_loop`` or returns something other than
+        ``(updates, state)`` of the parameters' structure is a ``TypeError``
+        naming ``kl_minimization.optimizer``.
+    maxiter : int
+        Number of steps at most.
+    gtol : float or None
+        Stop when the gradient norm is at most ``gtol``.
+    name : str or None
+        When set, every step is logged through ``logging`` under this name.
+    """
+
+    optimizer: object
+    maxiter: int = 100
+    gtol: Optional[float] = None
+    name: Optional[str] = None
+
+    def __post_init__(self):
+        if not (callable(getattr(self.optimizer, "init", None)) and callable(getattr(self.optimizer, "update", None))):
+            raise TypeError("OptaxConfig.optimizer must be an optax.GradientTransformation "
+                            f"(with init and update), got {type(self.optimizer).__name__}")
+        check_iters("OptaxConfig", 0, self.maxiter)
+        check_tol("OptaxConfig", "gtol", self.gtol)
+        check_name("OptaxConfig", self.name)
+
+    def minimize(self, fun_and_grad: Callable, hessp: Callable, x0, *,
+                 min_curvature: Optional[float] = None) -> Solution:
+        """:func:`optax_minimize` with this configuration; ``hessp`` and ``min_curvature`` are unused."""
+        return optax_minimize(fun_and_grad, x0, self)
+
+    def check(self, params, argname: str = "minimizer") -> None:
+        """Trace ``init`` and one ``update`` on ``params`` (:func:`check_optimizer`).
+
+        Errors are ``TypeError``\\ s naming ``{argname}.optimizer``.
+        """
+        check_optimizer(self.optimizer, params, f"{argname}.optimizer")
 
 
 class _State(NamedTuple):
@@ -130,7 +185,7 @@ def check_optimizer(optimizer, params, argname: str = "optimizer") -> None:
     jax.eval_shape(probe, params)
 
 
-def optax_minimize(fun_and_grad: Callable, x0, config: OptaxConfig) -> OptimizeResult:
+def optax_minimize(fun_and_grad: Callable, x0, config: OptaxConfig) -> Solution:
     """Minimize with ``config.optimizer`` for at most ``config.maxiter`` steps.
 
     Optimizers that take extra arguments (``optax.lbfgs`` and other
@@ -164,4 +219,4 @@ def optax_minimize(fun_and_grad: Callable, x0, config: OptaxConfig) -> OptimizeR
 
     s = jax.lax.while_loop(lambda s: s.status == Status.RUNNING, body, state)
     nfev = s.nit + 1
-    return OptimizeResult(s.x, s.f, s.g, s.nit, jnp.zeros((), jnp.int32), nfev, s.status)
+    return Solution(s.x, s.f, s.g, s.nit, jnp.zeros((), jnp.int32), nfev, s.status)

@@ -35,6 +35,7 @@ import numpy as np
 from jax.scipy.special import logsumexp
 
 from .harmonic import RegularGrid, hartley
+from ..module import Module
 from .model import Model
 from .priors import LogNormal, Normal, Prior, as_prior
 
@@ -101,7 +102,7 @@ def _normalized_log_power(log_shape, grid: RegularGrid, std):
 
 
 @dataclass(frozen=True, eq=False)
-class NonParametricAmplitude:
+class NonParametricAmplitude(Module):
     """Non-parametric power spectrum of one sub-domain.
 
     Latent names (``prefix`` + ...): ``fluctuations``, ``loglogavgslope``,
@@ -153,7 +154,7 @@ class NonParametricAmplitude:
 
 
 @dataclass(frozen=True, eq=False)
-class MaternAmplitude:
+class MaternAmplitude(Module):
     """Matern power spectrum ``P(k) = P0 * (1 + (k / cutoff)^2)^(loglogslope / 2)`` of one sub-domain.
 
     With ``renormalize=True`` ``P0`` is set so that ``scale`` is the standard deviation
@@ -214,9 +215,7 @@ class CorrelatedField(Model):
         self.offset_mean = float(offset_mean)
         self.prefix = prefix
         self.dtype = jnp.dtype(dtype)
-        self.grids = tuple(a.grid for a in self.amplitudes)
-        self.k_lengths = tuple(g.mode_lengths for g in self.grids)
-        self.field_shape = sum((g.shape for g in self.grids), ())
+        self.field_shape = sum((a.grid.shape for a in self.amplitudes), ())
         domain = dict(zero_mode.domain(dtype))
         for amp in self.amplitudes:
             sub = amp.domain(dtype)
@@ -229,12 +228,21 @@ class CorrelatedField(Model):
             raise ValueError(f"latent name {xi_name!r} clashes with a hyperparameter; change the prefixes")
         domain[xi_name] = jax.ShapeDtypeStruct(self.field_shape, dtype)
         self._xi_name = xi_name
-        # compiled once per latent dtype: eager op-by-op evaluation compiles every primitive separately
-        field = jax.jit(self._field)
-        field.__name__ = "correlated_field"
-        super().__init__(field, domain)
-        self._power_spectrum_jit = jax.jit(self._power_spectrum, static_argnums=1)
-        self._fluctuations_jit = jax.jit(self._fluctuations, static_argnums=1)
+        self._set_domain(domain)
+
+    @property
+    def grids(self) -> tuple:
+        """The sub-domains' :class:`RegularGrid`\\ s, in the order their axes appear in the field."""
+        return tuple(a.grid for a in self.amplitudes)
+
+    @property
+    def k_lengths(self) -> tuple:
+        """``grids[i].mode_lengths`` (unique ``|k|``, cycles per unit length)."""
+        return tuple(g.mode_lengths for g in self.grids)
+
+    def __call__(self, xi):
+        """The field, shape ``field_shape`` (one compiled program per model structure and dtype)."""
+        return _field_jit(self, xi)
 
     # ---------------------------------------------------------------- pieces
     def zero_mode_std(self, xi):
@@ -250,7 +258,7 @@ class CorrelatedField(Model):
             ``P[0] = V * azm^2`` (the zero mode), ``P[1:]`` the spectral density of the
             sub-field (units field^2 * length^ndim; ``sum(mult * P) / V`` is its variance).
         """
-        return self._power_spectrum_jit(xi, self._component(component))
+        return _power_spectrum_jit(self, xi, self._component(component))
 
     def _power_spectrum(self, xi, component):
         amp = self.amplitudes[component]
@@ -264,7 +272,7 @@ class CorrelatedField(Model):
 
     def fluctuations(self, xi, component: int = 0):
         """Standard deviation of sub-domain ``component``'s sub-field (zero mode excluded)."""
-        return self._fluctuations_jit(xi, self._component(component))
+        return _fluctuations_jit(self, xi, self._component(component))
 
     def _fluctuations(self, xi, component):
         return self.amplitudes[component].std(xi, self.dtype)
@@ -315,6 +323,14 @@ class CorrelatedField(Model):
     def __repr__(self):
         return (f"CorrelatedField(prefix={self.prefix!r}, shape={self.field_shape}, "
                 f"grids={self.grids}, latent={sorted(self.domain)})")
+
+
+# compiled once per model structure and latent dtype (the model is an argument: its grids are not constants);
+# eager op-by-op evaluation would compile every primitive separately
+_field_jit = jax.jit(lambda model, xi: model._field(xi))
+_field_jit.__name__ = "correlated_field"
+_power_spectrum_jit = jax.jit(lambda model, xi, c: model._power_spectrum(xi, c), static_argnums=2)
+_fluctuations_jit = jax.jit(lambda model, xi, c: model._fluctuations(xi, c), static_argnums=2)
 
 
 class CorrelatedFieldMaker:

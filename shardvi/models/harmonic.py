@@ -20,6 +20,8 @@ from typing import Sequence
 import jax.numpy as jnp
 import numpy as np
 
+from ..module import Module
+
 __all__ = ["RegularGrid", "hartley", "harmonic_to_position", "position_to_harmonic", "power_analyze"]
 
 
@@ -58,7 +60,7 @@ def _frozen(a: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True, eq=False)
-class RegularGrid:
+class RegularGrid(Module):
     """A periodic regular grid and its harmonic partner.
 
     Parameters
@@ -76,6 +78,11 @@ class RegularGrid:
         Index into ``mode_lengths`` for every harmonic pixel (FFT order).
     multiplicity : ndarray of int, shape (M,)
         Number of harmonic pixels in each ``|k|`` bin.
+    log_mode_lengths : ndarray, shape (M-1,)
+        ``log |k|`` of the non-zero modes relative to the smallest one; starts at 0.
+
+    A :class:`~shardvi.Module`: the arrays are pytree leaves (inputs of the
+    compiled programs of a model that holds the grid).
     """
 
     shape: tuple
@@ -83,6 +90,7 @@ class RegularGrid:
     mode_lengths: np.ndarray = field(init=False, repr=False)
     power_index: np.ndarray = field(init=False, repr=False)
     multiplicity: np.ndarray = field(init=False, repr=False)
+    log_mode_lengths: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self):
         shape = _as_shape(self.shape)
@@ -104,6 +112,8 @@ class RegularGrid:
         object.__setattr__(self, "mode_lengths", _frozen(lengths))
         object.__setattr__(self, "power_index", _frozen(inv.reshape(shape).astype(np.int32)))
         object.__setattr__(self, "multiplicity", _frozen(np.bincount(inv.ravel()).astype(np.int64)))
+        lk = np.log(lengths[1:])
+        object.__setattr__(self, "log_mode_lengths", _frozen(lk - lk[0]))
 
     @property
     def ndim(self) -> int:
@@ -127,12 +137,6 @@ class RegularGrid:
     def k_lengths(self) -> np.ndarray:
         """``|k|`` on the full harmonic grid (FFT order), shape ``shape``."""
         return self.mode_lengths[self.power_index]
-
-    @property
-    def log_mode_lengths(self) -> np.ndarray:
-        """``log |k|`` of the non-zero modes relative to the smallest one, shape (M-1,); starts at 0."""
-        lk = np.log(self.mode_lengths[1:])
-        return _frozen(lk - lk[0])
 
     def __repr__(self):
         return f"RegularGrid(shape={self.shape}, distances={self.distances})"

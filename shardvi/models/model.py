@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
 
+from ..module import Module
+
 __all__ = ["Model", "check_latent", "leaf_dtype", "normalize_domain"]
 
 
@@ -83,8 +85,16 @@ def _all_finite(a) -> bool:
     return bool(np.all(np.isfinite(np.asarray(a))))
 
 
-class Model:
+class Model(Module):
     """A forward model ``s = call(xi)`` with a standard-normal latent ``xi``.
+
+    A :class:`~shardvi.Module`: the arrays it holds are pytree leaves, passed
+    to the engine's compiled programs as arguments. Arrays that ``call``
+    closes over stay constants of those programs; to have them passed as
+    arguments, make ``call`` a module (e.g. a response such as
+    :class:`~shardvi.Mask`, a :class:`~shardvi.CorrelatedField`) or a
+    ``jax.tree_util.Partial(f, *arrays)``, or subclass :class:`Model`, store
+    the arrays as attributes and define ``__call__``.
 
     Parameters
     ----------
@@ -103,8 +113,12 @@ class Model:
         if not callable(call):
             raise TypeError(f"call must be callable, got {type(call).__name__}")
         self.call = call
+        self._set_domain(domain)
+
+    def _set_domain(self, domain) -> None:
+        """Set ``domain`` (validated, real) and ``target`` (the output shapes of ``self(xi)``)."""
         self.domain = normalize_domain(domain, real=True)
-        self.target = jax.eval_shape(call, self.domain)
+        self.target = jax.eval_shape(self.__call__, self.domain)
 
     def __call__(self, xi):
         return self.call(xi)
@@ -122,4 +136,6 @@ class Model:
         return int(sum(math.prod(d.shape) for d in jtu.tree_leaves(self.domain)))
 
     def __repr__(self):
-        return f"Model(call={getattr(self.call, '__name__', self.call)!r}, domain={self.domain})"
+        call = getattr(self, "call", None)
+        name = getattr(call, "__name__", call) if call is not None else type(self).__name__
+        return f"Model(call={name!r}, domain={self.domain})"

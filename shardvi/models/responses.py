@@ -1,6 +1,7 @@
 """Instrument responses: masks, point sampling, and a radio-interferometric NUFFT.
 
-Each response is a linear map ``R`` with ``R(field)`` and an exact adjoint
+Each response is a :class:`~shardvi.Module` (its index arrays and uv points are pytree leaves) and a
+linear map ``R`` with ``R(field)`` and an exact adjoint
 ``R.adjoint(data)`` with respect to the real inner products ``<a, b> = sum(a * b)`` on
 real arrays and ``Re sum(conj(a) * b)`` on complex ones. All are pure JAX and compose with
 ``jit``, ``vmap``, ``grad``/``vjp``/``jvp`` and ``shard_map``.
@@ -14,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..module import Module
 from .nufft import _check_eps, _check_shape, complex_dtype_for, match_vma, nufft2d_type1, nufft2d_type2
 
 __all__ = ["Mask", "Sampling", "NUFFTResponse", "match_vma"]
@@ -40,7 +42,7 @@ def _scatter(data, flat, shape, data_shape, name: str):
 
 
 @dataclass(frozen=True, eq=False)
-class Mask:
+class Mask(Module):
     """Keep the pixels where ``mask`` is True.
 
     Parameters
@@ -88,7 +90,7 @@ class Mask:
 
 
 @dataclass(frozen=True, eq=False)
-class Sampling:
+class Sampling(Module):
     """Read a field at integer pixel positions (a gather); the adjoint scatter-adds.
 
     Parameters
@@ -192,7 +194,7 @@ def _wrap(phase):
 
 
 @dataclass(frozen=True, eq=False)
-class NUFFTResponse:
+class NUFFTResponse(Module):
     """Radio-interferometric measurement of a real image, via jax-finufft.
 
     ``V_j = sum_{p,q} I[p, q] exp(-2 pi i (u_j l_p + v_j m_q))`` with
@@ -241,17 +243,6 @@ class NUFFTResponse:
         object.__setattr__(self, "pixel_size", _check_pixel_size(self.pixel_size))
         object.__setattr__(self, "eps", _check_eps(self.eps))
 
-    # -- pytree: leaves (u, v); no validation on unflatten (leaves may be tracers/sentinels)
-    def _tree_flatten(self):
-        return (self.u, self.v), (self.image_shape, self.pixel_size, self.eps, self.dtype)
-
-    @classmethod
-    def _tree_unflatten(cls, aux, leaves):
-        obj = object.__new__(cls)
-        for name, val in zip(("u", "v", "image_shape", "pixel_size", "eps", "dtype"), (*leaves, *aux)):
-            object.__setattr__(obj, name, val)
-        return obj
-
     @property
     def complex_dtype(self) -> np.dtype:
         """complex64 or complex128, matching ``dtype``."""
@@ -299,6 +290,3 @@ class NUFFTResponse:
         x, y = self._points()
         return jnp.real(nufft2d_type1(vis, x, y, self.image_shape, iflag=1, eps=self.eps))
 
-
-jax.tree_util.register_pytree_node(
-    NUFFTResponse, NUFFTResponse._tree_flatten, NUFFTResponse._tree_unflatten)

@@ -1,7 +1,8 @@
-"""Shared plumbing of the multi-device strategies (validation, mesh, padding, reduction)."""
+"""Shared parts of the built-in strategies: one-device and multi-device bases, padding, local sums."""
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -9,9 +10,60 @@ from jax import tree_util as jtu
 
 from .mesh import (Layout, check_devices, leading_size, pad_samples, replicated, resolve_devices, sample_layout,
                    sample_mesh)
-from .strategy import check_chunk, check_in_axes, check_reduce, fixed_order_mean, tree_mean
+from .strategy import Strategy, check_chunk, check_in_axes, check_reduce, chunked_apply, strategy_class, strategy_names
 
-__all__ = ["MultiDevice"]
+__all__ = ["SingleDevice", "MultiDevice", "single_device_map"]
+
+
+def _local_device():
+    return jax.local_devices()[0]
+
+
+def single_device_map(fn, in_axes, chunk, name):
+    """``map`` on one device: pad to a multiple of ``chunk``, :func:`chunked_apply`, drop the padding."""
+    def mapped(*args):
+        check_in_axes(in_axes, len(args))
+        n = leading_size(args, in_axes, name)
+        if chunk is None:
+            return chunked_apply(fn, in_axes, args, None)
+        n_pad = math.ceil(n / chunk) * chunk
+        padded = [pad_samples(a, n_pad) if ax == 0 else a for a, ax in zip(args, in_axes)]
+        return jtu.tree_map(lambda y: y[:n], chunked_apply(fn, in_axes, tuple(padded), chunk))
+    return mapped
+
+
+class SingleDevice(Strategy):
+    """Base of the strategies that compute on ``jax.local_devices()[0]`` (:class:`Vmap`, :class:`LaxMap`)."""
+
+    @property
+    def devices(self) -> tuple:
+        """``(jax.local_devices()[0],)``: where the strategy computes."""
+        return (_local_device(),)
+
+    def place(self, tree):
+        """Commit inputs to the first local device."""
+        return jax.device_put(tree, _local_device())
+
+    def accept_devices(self, devices, argname="sample_map"):
+        """Only ``None`` or exactly ``[jax.local_devices()[0]]``: other devices would be ignored."""
+        return self._on_one_device(devices, argname, f"{type(self).__name__}()")
+
+    @classmethod
+    def create(cls, devices=None, argname="sample_map", **options):
+        """``cls(**options)``; ``devices`` only ``None`` or ``[jax.local_devices()[0]]``."""
+        return cls(**options)._on_one_device(devices, argname, repr(cls.name))
+
+    def _on_one_device(self, devices, argname, what):
+        if devices is None:
+            return self
+        if len(devices) > 1:
+            multi = tuple(n for n in strategy_names() if issubclass(strategy_class(n), MultiDevice))
+            raise ValueError(f"devices lists {len(devices)} devices but {argname}={what} runs on one device and "
+                             f"would ignore them: use a multi-device strategy {multi} or leave devices=None")
+        if devices[0] != _local_device():
+            raise ValueError(f"devices=[{devices[0]}] but {argname}={what} always runs on {_local_device()} "
+                             f"(jax.local_devices()[0]): leave devices=None or use a multi-device strategy")
+        return self
 
 
 @functools.lru_cache(maxsize=None)
@@ -19,8 +71,8 @@ def _cached_mesh(devices: tuple):
     return sample_mesh(devices)
 
 
-class MultiDevice:
-    """Mixin for frozen dataclasses with ``devices``, ``chunk_size``, ``reduce`` and ``pad`` fields."""
+class MultiDevice(Strategy):
+    """Base of frozen dataclasses with ``devices``, ``chunk_size``, ``reduce`` and ``pad`` fields."""
 
     def _validate(self):
         object.__setattr__(self, "devices", check_devices(self.devices, "devices"))
@@ -57,10 +109,6 @@ class MultiDevice:
         out = jtu.tree_map(lambda y: y[:layout.n], stacked)
         return jax.lax.with_sharding_constraint(out, replicated(self.mesh))
 
-    def mean(self, stacked):
-        """Mean over the (replicated) leading axis: fixed order, or a tree reduction for ``reduce='psum'``."""
-        return fixed_order_mean(stacked) if self.reduce == "fixed" else tree_mean(stacked)
-
 
 def masked_local_sum(values, layout: Layout, device_index):
     """Sum over this device's block, padding samples contributing exactly zero."""
@@ -86,4 +134,3 @@ def reshape_from_devices(tree, layout: Layout):
 def divide(tree, n: int):
     """``tree * (1 / n)`` (the scaling :func:`~shardvi.parallel.fixed_order_mean` uses)."""
     return jtu.tree_map(lambda x: x * (1.0 / n), tree)
-

@@ -111,11 +111,8 @@ class JitSharding(MultiDevice):
             return self._finish(reshape_from_devices(out, layout), layout)
         return mapped
 
-    def map_mean(self, fn, in_axes):
-        """Mean of ``fn`` over the samples (``reduce="psum"``: per-device sums, then an all-reduce)."""
-        if self.reduce == "fixed":
-            return lambda *args: self.mean(self.map(fn, in_axes)(*args))
-
+    def fast_map_mean(self, fn, in_axes):
+        """Per-device sums, then an all-reduce (``reduce="psum"``)."""
         def mm(*args):
             self._warn_unpartitionable(fn, in_axes, args)
             layout, padded = self._prepare(args, in_axes)

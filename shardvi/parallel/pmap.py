@@ -67,11 +67,8 @@ class Pmap(MultiDevice):
             return self._finish(reshape_from_devices(out, layout), layout)
         return mapped
 
-    def map_mean(self, fn, in_axes):
-        """Mean of ``fn`` over the samples (``reduce="psum"`` reduces inside the ``pmap``)."""
-        if self.reduce == "fixed":
-            return lambda *args: self.mean(self.map(fn, in_axes)(*args))
-
+    def fast_map_mean(self, fn, in_axes):
+        """Per-device sums ``psum``-ed inside the ``pmap`` (``reduce="psum"``)."""
         def mm(*args):
             layout, padded = self._prepare(args, in_axes)
 

@@ -54,19 +54,54 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
 
-try:  # jax internals (pinned jax version); without them the rewrite is skipped
+import warnings
+
+try:  # jax internals; without them the rewrite cannot be applied (a ReproducibilityWarning says so)
     from jax._src import core as _core
     from jax._src.lax.lax import div_p as _div_p
     from jax._src.lax.lax import mul_p as _mul_p
     from jax._src.lax.lax import optimization_barrier_p as _barrier_p
-except Exception:  # pragma: no cover - depends on the jax version
-    _core = None
-    _barrier_p = None
+    _IMPORT_ERROR = None
+except ImportError as _err:  # pragma: no cover - depends on the jax version
+    _core = _barrier_p = _div_p = _mul_p = None
+    _IMPORT_ERROR = f"{type(_err).__name__}: {_err}"
 
 __all__ = [
-    "REPRODUCIBLE_COMPILER_OPTIONS", "check_compiler_options", "engine_compiler_options", "opaque_constants",
-    "opaque_per_sample", "reproducible_jit",
+    "REPRODUCIBLE_COMPILER_OPTIONS", "TESTED_JAX_VERSIONS", "ReproducibilityWarning", "check_compiler_options",
+    "check_jax_version", "engine_compiler_options", "opaque_constants", "opaque_per_sample", "reproducible_jit",
 ]
+
+#: jax versions on which the bitwise tests (equal results across device counts and strategies) pass; also in
+#: pyproject.toml (``[tool.shardvi] bitwise-tested-jax``) and the README
+TESTED_JAX_VERSIONS = ("0.10.2",)
+
+
+class ReproducibilityWarning(RuntimeWarning):
+    """Bitwise equality across device counts is not guaranteed (untested jax, a rewrite that failed)."""
+
+
+_warned_version = []
+
+
+def check_jax_version(version: str | None = None) -> bool:
+    """Warn once per process (:class:`ReproducibilityWarning`) if jax is not a bitwise-tested version.
+
+    Called at the first compilation of an engine step. Returns whether
+    ``version`` (default: the running ``jax.__version__``) is in
+    :data:`TESTED_JAX_VERSIONS`. Results stay correct on other versions;
+    only their bitwise equality across device counts is unverified.
+    """
+    version = jax.__version__ if version is None else version
+    tested = version in TESTED_JAX_VERSIONS
+    if not tested and version not in _warned_version:
+        _warned_version.append(version)
+        warnings.warn(
+            f"shardvi: jax {version} is not among the versions its bitwise tests pass on "
+            f"{TESTED_JAX_VERSIONS}: results are correct, but bitwise equality across device counts and "
+            f"strategies is unverified (XLA may optimize the per-device programs differently). Run "
+            f"tests/test_parallel_reproducible.py to check this installation.", ReproducibilityWarning,
+            stacklevel=3)
+    return tested
 
 #: XLA options of the engine steps (read-only; extend them per run with ``optimize_kl(..., compiler_options=...)``):
 #: CSE off (bitwise reproducibility, see the module docstring) and XLA:CPU's classic loop emitters instead of
@@ -187,11 +222,19 @@ def _rewrite_jaxpr(jaxpr):
 
 
 def _rewrite(closed):
+    """The rewritten jaxpr; where the rewrite cannot be applied, the original one and a warning."""
     if _core is None:
+        warnings.warn(f"shardvi: the jax internals the reproducibility rewrite needs are missing in jax "
+                      f"{jax.__version__} ({_IMPORT_ERROR}); programs compile unchanged and bitwise equality "
+                      f"across device counts is not guaranteed", ReproducibilityWarning, stacklevel=4)
         return closed.jaxpr
     try:
         return _rewrite_jaxpr(closed.jaxpr)
-    except Exception:  # pragma: no cover - unknown jaxpr structure: keep the original program
+    except (AttributeError, TypeError, ValueError, KeyError) as err:  # a jaxpr structure this jax version changed
+        warnings.warn(f"shardvi: the reproducibility rewrite failed on this program ({type(err).__name__}: "
+                      f"{err}); it compiles unchanged and bitwise equality across device counts is not "
+                      f"guaranteed (jax {jax.__version__}; tested: {TESTED_JAX_VERSIONS})",
+                      ReproducibilityWarning, stacklevel=4)
         return closed.jaxpr
 
 
@@ -234,6 +277,7 @@ def opaque_constants(fn, static_argnames=()):
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
+        check_jax_version()
         bound = sig.bind(*args, **kwargs)
         names = [k for k in bound.arguments if k not in static]
         fixed = {k: v for k, v in bound.arguments.items() if k in static}

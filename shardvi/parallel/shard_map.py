@@ -85,11 +85,8 @@ class ShardMap(MultiDevice):
             return self._finish(out, layout)
         return mapped
 
-    def map_mean(self, fn, in_axes):
-        """Mean of ``fn`` over the samples (``reduce="psum"`` reduces inside the ``shard_map``)."""
-        if self.reduce == "fixed":
-            return lambda *args: self.mean(self.map(fn, in_axes)(*args))
-
+    def fast_map_mean(self, fn, in_axes):
+        """Per-device sums ``psum``-ed inside the ``shard_map`` (``reduce="psum"``)."""
         def mm(*args):
             layout, padded = self._prepare(args, in_axes)
 

@@ -1,70 +1,169 @@
-"""Device-map strategies: how a per-sample function is mapped over samples.
+"""Device-map strategies: the :class:`Strategy` base, the registry and the shared pieces.
 
-A strategy turns ``fn(*args)`` into a function over a leading *sample axis*
-(like ``jax.vmap``) and reduces stacked per-sample results to their mean. The
-engine only ever calls these methods, inside ``jax.jit``, so a strategy that
-spreads samples over devices drops in without touching the engine:
+A strategy turns a per-sample function ``fn(*args)`` into a function over a
+leading *sample axis* (like ``jax.vmap``) and reduces stacked per-sample
+results to their mean. The engine only calls strategies inside its compiled
+steps, through :meth:`Strategy.map`, :func:`map_mean` and :func:`place`, so a
+strategy that spreads samples over devices drops in without touching it.
 
-- ``map(fn, in_axes)``: ``in_axes`` is a tuple with ``0`` (mapped over the
-  leading axis) or ``None`` (broadcast) per positional argument; returns the
-  stacked outputs, leading axis = number of samples, in sample order.
-- ``mean(stacked)``: mean over the leading axis in a fixed order, so the
-  result does not depend on how the samples were spread out.
-- optional ``map_mean(fn, in_axes)``: the mean of ``fn`` over the samples in
-  one step (multi-device strategies use it for the fast ``reduce="psum"``
-  mode); :func:`map_mean` falls back to ``mean(map(...))``.
-- optional ``place(tree)``: put host inputs where the strategy computes
-  (:func:`place` falls back to the identity). Placing every input of a
-  compiled step the same way in every iteration keeps JAX's compilation
-  cache hit (a new input sharding would mean a new compilation).
-
-Reproducibility
----------------
-XLA:CPU results depend on the batch shape a computation is vectorized with.
-In the default reproducible mode every strategy evaluates the samples in
-vectorized chunks of exactly ``chunk_size`` samples (default 1), each sample
-at the same position of its chunk (padding the sample axis with copies of the
-last sample, whose results are dropped), with the chunk loop's trip count and
-the model's floating-point constants hidden from XLA
-(:mod:`shardvi.parallel.reproducible`), and averages with the fixed-order
-sum :func:`fixed_order_mean` over all gathered samples in sample order.
-Compiled with :func:`~shardvi.parallel.reproducible_jit` (as
-:class:`~shardvi.OptimizeVI` does),
-samples, KL values, gradients, metric applications and whole Newton-CG
-trajectories are then bitwise identical for every strategy and device count
-with the same ``chunk_size``. ``reduce="psum"`` (fast mode) sums per device
-and then across devices (``psum``); each such mean differs from the
-reproducible one by about one ulp.
+Built in (each in its own module, registered there by name):
+:class:`~shardvi.parallel.Vmap` (``"vmap"``), :class:`~shardvi.parallel.LaxMap`
+(``"lax_map"``), :class:`~shardvi.parallel.Pmap` (``"pmap"``),
+:class:`~shardvi.parallel.ShardMap` (``"shard_map"``) and
+:class:`~shardvi.parallel.JitSharding` (``"jit"``). A new strategy is one
+file: subclass :class:`Strategy`, implement ``map`` (see the contract in its
+docstring) and, to make it available by name, call :func:`register_strategy`.
 """
 from __future__ import annotations
 
-import dataclasses
-import math
-from typing import Callable, Optional, Protocol, runtime_checkable
+import abc
+import inspect
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
 from jax import tree_util as jtu
 
+from .mesh import check_devices
 from .reproducible import opaque_per_sample
-from .mesh import leading_size, pad_samples
 
-__all__ = ["Strategy", "Vmap", "LaxMap", "get_strategy", "fixed_order_mean", "map_mean", "place",
-           "chunked_apply", "Placed", "REDUCE_MODES", "STRATEGY_NAMES",
-           "register_strategy"]
+__all__ = ["Strategy", "get_strategy", "fixed_order_mean", "map_mean", "place", "chunked_apply", "Placed",
+           "REDUCE_MODES", "register_strategy", "strategy_names", "strategy_class"]
 
 REDUCE_MODES = ("fixed", "psum")
 
 
-@runtime_checkable
-class Strategy(Protocol):
-    """Protocol every device-map strategy implements."""
+class Strategy(abc.ABC):
+    """Base of the device-map strategies: ``map`` is required, the rest are shared parts.
 
-    name: str
+    Subclasses implement :meth:`map`; :meth:`mean` (from the ``reduce``
+    setting), :meth:`map_mean` and :meth:`place` have working defaults. The
+    built-in strategies are frozen dataclasses (hashable: a strategy is part
+    of the engine's compiled-step cache key); a new one should be too.
 
-    def map(self, fn: Callable, in_axes: tuple) -> Callable: ...
+    Attributes
+    ----------
+    name : str
+        Short name used in messages (the registered name of the built-ins).
+    reduce : {"fixed", "psum"}
+        How :meth:`mean` reduces: ``"fixed"`` (default) is the bitwise
+        reproducible fixed-order sum, ``"psum"`` the fast mode.
+    devices : tuple of jax.Device or None
+        The devices the strategy computes on (``None``: decided at use).
 
-    def mean(self, stacked): ...
+    Notes
+    -----
+    **The bitwise contract.** XLA:CPU results depend on the batch shape a
+    computation is vectorized with and on what it can see of the surrounding
+    program. A strategy keeps results bitwise equal across device counts
+    (and equal to ``Vmap(chunk_size=c)``, the reference) when it
+
+    1. evaluates ``fn`` with :func:`chunked_apply` in chunks of exactly ``c``
+       samples, each sample at the same position of its chunk wherever it is
+       placed: pad the sample axis to a multiple of ``c`` per device with
+       copies of the last sample (:func:`~shardvi.parallel.mesh.pad_samples`)
+       and drop their results. :func:`chunked_apply` also hides the loop's
+       trip count and the model's floating-point constants from XLA;
+    2. returns the stacked outputs in sample order, gathered onto every
+       device (an all-gather; the solvers' loops need no collectives);
+    3. averages with :func:`fixed_order_mean` over the gathered samples in
+       sample order (``reduce="fixed"``: all-gather, then a fixed-order
+       reduction — never a ``psum``/``pmean`` tree over devices);
+    4. relies on the random keys being split on the host, one per sample
+       (the engine does this): every draw is then independent of placement;
+    5. is compiled with :func:`~shardvi.parallel.reproducible_jit` (as
+       :class:`~shardvi.OptimizeVI` does), which also pins the XLA passes
+       that would otherwise rewrite the same arithmetic differently.
+
+    Then samples, KL values, gradients, metric applications and whole
+    Newton-CG trajectories are bitwise identical for every strategy and
+    device count with the same ``c``. ``reduce="psum"`` gives up step 3 for
+    speed: per-device sums reduced across devices (:meth:`fast_map_mean`);
+    each mean then differs from the reproducible one by about one ulp, and
+    the solvers amplify that over the iterations. Verified for the jax
+    version pinned in ``pyproject.toml`` on XLA:CPU.
+    """
+
+    name: str = "strategy"
+    reduce: str = "fixed"
+    devices: Optional[tuple] = None
+
+    @abc.abstractmethod
+    def map(self, fn: Callable, in_axes: tuple) -> Callable:
+        """``args -> stacked fn(args_i)``: map ``fn`` over the leading sample axis.
+
+        Parameters
+        ----------
+        fn : callable
+            The per-sample function (a pytree of arrays out).
+        in_axes : tuple of {0, None}
+            One entry per positional argument: ``0`` maps over the leading
+            axis, ``None`` broadcasts.
+
+        Returns
+        -------
+        callable
+            Takes the arguments, returns the stacked outputs (leading axis =
+            number of samples, in sample order).
+        """
+
+    def mean(self, stacked):
+        """Mean over the leading axis: :func:`fixed_order_mean` (``reduce="fixed"``) or a tree reduction."""
+        return fixed_order_mean(stacked) if self.reduce == "fixed" else tree_mean(stacked)
+
+    def map_mean(self, fn: Callable, in_axes: tuple) -> Callable:
+        """``args -> mean_i fn(args_i)``: ``mean(map(...))``, or :meth:`fast_map_mean` for ``reduce="psum"``."""
+        if self.reduce == "fixed":
+            return lambda *args: self.mean(self.map(fn, in_axes)(*args))
+        return self.fast_map_mean(fn, in_axes)
+
+    def fast_map_mean(self, fn: Callable, in_axes: tuple) -> Callable:
+        """The ``reduce="psum"`` mean (override with per-device sums and a ``psum``); default ``mean(map(...))``."""
+        return lambda *args: self.mean(self.map(fn, in_axes)(*args))
+
+    def place(self, tree):
+        """Put host inputs where the strategy computes (default: unchanged).
+
+        Placing every input of a compiled step the same way in every call
+        keeps JAX's compilation cache hit (a new input sharding would mean a
+        new compilation).
+        """
+        return tree
+
+    def accept_devices(self, devices: Optional[tuple], argname: str = "sample_map") -> "Strategy":
+        """``self`` if a ``devices`` argument given beside it (already validated) agrees with it.
+
+        Default: ``devices`` must be ``None`` or this strategy's own devices.
+        """
+        if devices is not None and self.devices is None and "devices" not in _init_parameters(type(self)):
+            raise ValueError(f"devices={[str(d) for d in devices]} but {argname}={self.name!r} "
+                             f"({type(self).__name__}) takes no devices (it computes where JAX puts its inputs): "
+                             f"leave devices=None")
+        if devices is not None and (self.devices is None or tuple(self.devices) != devices):
+            raise ValueError(f"devices={[str(d) for d in devices]} is used only with a strategy given by name; "
+                             f"{argname} is a {type(self).__name__} object with devices={self.devices}: set the "
+                             f"devices on the object ({type(self).__name__}(devices=...)) and leave devices=None")
+        return self
+
+    @classmethod
+    def create(cls, devices: Optional[tuple] = None, argname: str = "sample_map", **options) -> "Strategy":
+        """The strategy :func:`get_strategy` returns for this class's registered name.
+
+        Default: ``cls(devices=devices, **options)`` if the constructor takes
+        ``devices``, else ``cls(**options)`` checked against ``devices``
+        (:meth:`accept_devices`).
+        """
+        if "devices" in _init_parameters(cls):
+            return cls(devices=devices, **options)
+        return cls(**options).accept_devices(devices, argname)
+
+
+def _init_parameters(cls) -> tuple:
+    """Names of the constructor's parameters."""
+    try:
+        return tuple(inspect.signature(cls).parameters)
+    except (TypeError, ValueError):  # no signature to read: assume no devices
+        return ()
 
 
 def fixed_order_mean(stacked):
@@ -90,18 +189,14 @@ def tree_mean(stacked):
     return jtu.tree_map(lambda x: jnp.sum(x, axis=0) * (1.0 / x.shape[0]), stacked)
 
 
-def map_mean(strategy, fn: Callable, in_axes: tuple) -> Callable:
-    """``args -> mean_i fn(args_i)`` with ``strategy`` (its ``map_mean`` if it has one)."""
-    fused = getattr(strategy, "map_mean", None)
-    if fused is not None:
-        return fused(fn, in_axes)
-    return lambda *args: strategy.mean(strategy.map(fn, in_axes)(*args))
+def map_mean(strategy: Strategy, fn: Callable, in_axes: tuple) -> Callable:
+    """``args -> mean_i fn(args_i)`` with ``strategy`` (:meth:`Strategy.map_mean`)."""
+    return strategy.map_mean(fn, in_axes)
 
 
-def place(strategy, tree):
-    """``strategy.place(tree)`` if the strategy places its inputs, else ``tree`` unchanged."""
-    fn = getattr(strategy, "place", None)
-    return tree if fn is None else fn(tree)
+def place(strategy: Strategy, tree):
+    """``strategy.place(tree)``: host inputs put where ``strategy`` computes (:meth:`Strategy.place`)."""
+    return strategy.place(tree)
 
 
 def check_in_axes(in_axes, n_args):
@@ -185,199 +280,146 @@ def chunked_apply(fn: Callable, in_axes: tuple, args: tuple, chunk: Optional[int
     return jtu.tree_map(lambda y: y[:n_chunks].reshape((n,) + y.shape[2:]), ys)
 
 
-def _strip(tree, n):
-    return jtu.tree_map(lambda y: y[:n], tree)
+# -- the registry -------------------------------------------------------------------------------
+
+_REGISTRY: dict = {}
 
 
-def _single_device_map(fn, in_axes, chunk, name):
-    def mapped(*args):
-        check_in_axes(in_axes, len(args))
-        n = leading_size(args, in_axes, name)
-        if chunk is None:
-            return chunked_apply(fn, in_axes, args, None)
-        n_pad = math.ceil(n / chunk) * chunk
-        padded = [pad_samples(a, n_pad) if ax == 0 else a for a, ax in zip(args, in_axes)]
-        return _strip(chunked_apply(fn, in_axes, tuple(padded), chunk), n)
-    return mapped
+def register_strategy(name: str, cls: type) -> None:
+    """Make the :class:`Strategy` subclass ``cls`` available by ``name`` (``sample_map=name``).
 
+    :func:`get_strategy` then builds ``cls.create(devices, argname)``
+    (:meth:`Strategy.create`). Registering a name again replaces it.
 
-def _local_device():
-    return jax.local_devices()[0]
-
-
-@dataclasses.dataclass(frozen=True)
-class Vmap:
-    """Vectorize over samples on one device, in chunks of ``chunk_size`` samples.
-
-    Parameters
-    ----------
-    chunk_size : int or None
-        Samples per vectorized batch (bounds memory). The default 1 evaluates
-        the samples one after the other in a loop — the reproducible
-        reference every multi-device strategy with the same ``chunk_size`` is
-        bitwise equal to. ``None`` vectorizes all samples at once (fastest
-        for small models; results then depend on the sample count in the last
-        bits).
-    reduce : {"fixed", "psum"}
-        ``"fixed"``: fixed-order mean (bitwise reproducible); ``"psum"``: tree
-        reduction (``jnp.sum``), ~1 ulp different.
+    Raises
+    ------
+    TypeError
+        ``name`` is not a non-empty str or ``cls`` is not a Strategy subclass.
     """
-
-    chunk_size: Optional[int] = 1
-    reduce: str = "fixed"
-    name: str = dataclasses.field(default="vmap", init=False)
-
-    def __post_init__(self):
-        check_chunk(self.chunk_size)
-        check_reduce(self.reduce)
-
-    def map(self, fn, in_axes):
-        return _single_device_map(fn, in_axes, self.chunk_size, self.name)
-
-    def mean(self, stacked):
-        return fixed_order_mean(stacked) if self.reduce == "fixed" else tree_mean(stacked)
-
-    def place(self, tree):
-        """Commit inputs to the first local device."""
-        return jax.device_put(tree, _local_device())
-
-
-@dataclasses.dataclass(frozen=True)
-class LaxMap:
-    """Loop over samples sequentially: lowest memory.
-
-    Parameters
-    ----------
-    batch_size : int or None
-        Samples vectorized per loop step (default 1, bitwise identical to
-        ``Vmap(chunk_size=1)``); ``None`` loops over unbatched samples
-        (``jax.lax.map`` without ``batch_size``).
-    reduce : {"fixed", "psum"}
-        As for :class:`Vmap`.
-    """
-
-    batch_size: Optional[int] = 1
-    reduce: str = "fixed"
-    name: str = dataclasses.field(default="lax_map", init=False)
-
-    def __post_init__(self):
-        check_chunk(self.batch_size, "batch_size")
-        check_reduce(self.reduce)
-
-    def map(self, fn, in_axes):
-        if self.batch_size is not None:
-            return _single_device_map(fn, in_axes, self.batch_size, self.name)
-
-        def mapped(*args):
-            check_in_axes(in_axes, len(args))
-            xs = tuple(a for a, ax in zip(args, in_axes) if ax == 0)
-            return jax.lax.map(lambda x: fn(*_with_mapped(args, in_axes, x)), xs)
-        return mapped
-
-    def mean(self, stacked):
-        return fixed_order_mean(stacked) if self.reduce == "fixed" else tree_mean(stacked)
-
-    def place(self, tree):
-        """Commit inputs to the first local device."""
-        return jax.device_put(tree, _local_device())
-
-
-_FACTORIES: dict = {"vmap": Vmap, "lax_map": LaxMap}
-STRATEGY_NAMES = ("vmap", "lax_map", "pmap", "shard_map", "jit")
-_SINGLE_DEVICE = ("vmap", "lax_map")
-
-
-def register_strategy(name: str, factory: Callable) -> None:
-    """Make ``factory(devices=...)`` available under ``name`` (used by multi-device strategies)."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"name must be a non-empty str, got {name!r}")
-    if not callable(factory):
-        raise TypeError(f"factory must be callable(devices=...), got {type(factory).__name__}")
-    _FACTORIES[name] = factory
+    if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+        raise TypeError(f"cls must be a subclass of shardvi.parallel.Strategy, got {cls!r}")
+    _REGISTRY[name] = cls
 
 
-def get_strategy(spec, argname: str = "sample_map", devices=None):
+def strategy_names() -> tuple:
+    """The registered strategy names, in registration order."""
+    return tuple(_REGISTRY)
+
+
+def strategy_class(name: str) -> type:
+    """The :class:`Strategy` subclass registered as ``name`` (``ValueError`` if none is)."""
+    if name not in _REGISTRY:
+        raise ValueError(f"no strategy is registered as {name!r}; registered: {strategy_names()}")
+    return _REGISTRY[name]
+
+
+def get_strategy(spec, argname: str = "sample_map", devices=None, **options) -> Strategy:
     """Resolve a strategy name or object.
 
     Parameters
     ----------
     spec : str or Strategy
-        One of ``STRATEGY_NAMES`` or an object with ``map`` and ``mean``.
+        A registered name (:func:`strategy_names`) or a strategy object.
     argname : str
         Argument name used in error messages.
     devices : sequence of jax.Device, optional
-        Devices for multi-device strategies given by name (``None``: all).
+        Devices for strategies given by name (``None``: the strategy's
+        default, all devices for the multi-device ones). With an object, only
+        ``None`` or the object's own devices.
+    **options
+        Constructor options for a strategy given by name (every built-in
+        takes ``chunk_size`` and ``reduce``).
 
     Raises
     ------
     TypeError
         ``spec`` is a strategy class rather than an instance, not a strategy,
         or an object whose ``map``/``mean`` fail or return wrong shapes on a
-        small probe (traced with ``jax.eval_shape``: nothing is compiled).
+        small probe (traced with ``jax.eval_shape``: nothing is compiled);
+        ``options`` given with a strategy object.
     ValueError
-        ``devices`` would be ignored: the one-device strategies (``"vmap"``,
-        ``"lax_map"``, :class:`Vmap`, :class:`LaxMap`) run on
+        Unknown name, or ``devices`` would be ignored: the one-device
+        strategies (``"vmap"``, ``"lax_map"``) run on
         ``jax.local_devices()[0]`` and accept only ``None`` or exactly that
-        device; a strategy object carries its own devices, so ``devices``
-        must be ``None`` or equal to them.
+        device; a strategy object carries its own devices.
     """
-    from .mesh import check_devices
     devices = check_devices(devices, "devices")
     if isinstance(spec, type):
         raise TypeError(f"{argname} is the class {spec.__name__}, not a strategy object: instantiate it, e.g. "
                         f"{argname}={spec.__name__}() or {spec.__name__}(devices=...)")
     if isinstance(spec, str):
-        if spec not in _FACTORIES:
-            names = tuple(dict.fromkeys(STRATEGY_NAMES + tuple(_FACTORIES)))
-            if spec in STRATEGY_NAMES:
-                raise NotImplementedError(f"{argname}={spec!r} is not available in this build")
-            raise ValueError(f"{argname} must be one of {names} or a strategy object, got {spec!r}")
-        factory = _FACTORIES[spec]
-        if spec in _SINGLE_DEVICE:
-            _check_single_device(devices, repr(spec), argname)
-            return factory()
-        return factory(devices=devices)
-    if isinstance(spec, (Vmap, LaxMap)):
-        _check_single_device(devices, f"{type(spec).__name__}()", argname)
-        return spec
+        if spec not in _REGISTRY:
+            raise ValueError(f"{argname} must be one of {strategy_names()} or a strategy object, got {spec!r}")
+        return _REGISTRY[spec].create(devices, argname, **options)
+    if options:
+        raise TypeError(f"{argname}: options {sorted(options)} apply to a strategy given by name only; set them "
+                        f"on the {type(spec).__name__} object")
     if isinstance(spec, Strategy):
-        own = getattr(spec, "devices", None)
-        if devices is not None and (own is None or tuple(own) != devices):
-            raise ValueError(f"devices={[str(d) for d in devices]} is used only with a strategy given by name; "
-                             f"{argname} is a {type(spec).__name__} object with devices={own}: set the devices "
-                             f"on the object ({type(spec).__name__}(devices=...)) and leave devices=None")
+        spec = spec.accept_devices(devices, argname)
         if not type(spec).__module__.startswith("shardvi.parallel"):
             _probe_strategy(spec, argname)
         return spec
-    raise TypeError(f"{argname} must be a strategy name {STRATEGY_NAMES} or an object with map() and mean(), "
-                    f"got {type(spec).__name__}")
+    if all(hasattr(spec, attr) for attr in ("name", "map", "mean")):  # an object written to the protocol of 0.1
+        adapted = _Adapted(spec).accept_devices(devices, argname)
+        _probe_strategy(adapted, argname)
+        return adapted
+    raise TypeError(f"{argname} must be a strategy name {strategy_names()} or a shardvi.parallel.Strategy "
+                    f"object (subclass it and implement map), got {type(spec).__name__}")
 
 
-def _check_single_device(devices, what: str, argname: str) -> None:
-    """A one-device strategy with ``devices``: only ``None`` or the device it runs on."""
-    if devices is None:
-        return
-    if len(devices) > 1:
-        raise ValueError(f"devices lists {len(devices)} devices but {argname}={what} runs on one device and "
-                         f"would ignore them: use a multi-device strategy ('shard_map', 'pmap', 'jit') or "
-                         f"leave devices=None")
-    if devices[0] != _local_device():
-        raise ValueError(f"devices=[{devices[0]}] but {argname}={what} always runs on {_local_device()} "
-                         f"(jax.local_devices()[0]): leave devices=None or use a multi-device strategy")
+class _Adapted(Strategy):
+    """A duck-typed strategy object (``name``, ``map``, ``mean``; optional ``map_mean``, ``place``, ``devices``).
+
+    Objects written before the :class:`Strategy` base keep working: the
+    engine sees a :class:`Strategy`. Their optional methods are used where
+    they exist.
+    """
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.name = inner.name
+        self.devices = getattr(inner, "devices", None)
+
+    def __repr__(self):
+        return repr(self.inner)
+
+    def __eq__(self, other):
+        return isinstance(other, _Adapted) and self.inner == other.inner
+
+    def __hash__(self):
+        return hash(self.inner)
+
+    def map(self, fn, in_axes):
+        return self.inner.map(fn, in_axes)
+
+    def mean(self, stacked):
+        return self.inner.mean(stacked)
+
+    def map_mean(self, fn, in_axes):
+        own = getattr(self.inner, "map_mean", None)
+        return own(fn, in_axes) if callable(own) else super().map_mean(fn, in_axes)
+
+    def place(self, tree):
+        own = getattr(self.inner, "place", None)
+        return own(tree) if callable(own) else tree
 
 
 _PROBE_SAMPLES = 8
 
 
-def _probe_strategy(spec, argname: str) -> None:
-    """Trace ``spec.map`` / ``spec.mean`` (and ``map_mean``) on a tiny problem and check the output shapes.
+def _probe_strategy(spec: Strategy, argname: str) -> None:
+    """Trace ``map`` / ``mean`` / ``map_mean`` of a user's strategy on a tiny problem and check the shapes.
 
-    A foreign strategy that returns the wrong thing would otherwise fail deep
-    inside the engine's compiled steps with a JAX-internal message.
+    A strategy that returns the wrong thing would otherwise fail deep inside
+    the engine's compiled steps with a JAX-internal message.
     """
+    inner = spec.inner if isinstance(spec, _Adapted) else spec
+    label = type(inner).__name__
     for attr in ("map", "mean"):
-        if not callable(getattr(spec, attr, None)):
-            raise TypeError(f"{argname}: {type(spec).__name__}.{attr} must be callable")
+        if not callable(getattr(inner, attr, None)):
+            raise TypeError(f"{argname}: {label}.{attr} must be callable")
     n = _PROBE_SAMPLES
     xs = jax.ShapeDtypeStruct((n, 2), jnp.float32)
     b = jax.ShapeDtypeStruct((2,), jnp.float32)
@@ -387,21 +429,19 @@ def _probe_strategy(spec, argname: str) -> None:
 
     def probe(x, y):
         stacked = spec.map(fn, (0, None))(x, y)
-        fused = getattr(spec, "map_mean", None)
-        return stacked, spec.mean(stacked), (None if fused is None else fused(fn, (0, None))(x, y))
+        return stacked, spec.mean(stacked), spec.map_mean(fn, (0, None))(x, y)
 
     try:
         stacked, mean, fused = jax.eval_shape(probe, xs, b)
     except Exception as err:  # noqa: BLE001 -- reported with the argument's name
-        raise TypeError(f"{argname}: the strategy object {type(spec).__name__} failed on a probe (map of "
+        raise TypeError(f"{argname}: the strategy object {label} failed on a probe (map of "
                         f"x * y over {n} samples of shape (2,), then mean): {type(err).__name__}: {err}") from err
-    expect = {"map(fn, in_axes)(...)": (stacked, (n, 2)), "mean(stacked)": (mean, (2,))}
-    if fused is not None:
-        expect["map_mean(fn, in_axes)(...)"] = (fused, (2,))
+    expect = {"map(fn, in_axes)(...)": (stacked, (n, 2)), "mean(stacked)": (mean, (2,)),
+              "map_mean(fn, in_axes)(...)": (fused, (2,))}
     for what, (got, shape) in expect.items():
         if not isinstance(got, jax.ShapeDtypeStruct) or tuple(got.shape) != shape:
             desc = f"shape {tuple(got.shape)}" if isinstance(got, jax.ShapeDtypeStruct) else repr(got)
-            raise TypeError(f"{argname}: {type(spec).__name__}.{what} returned {desc} on a probe of {n} samples "
+            raise TypeError(f"{argname}: {label}.{what} returned {desc} on a probe of {n} samples "
                             f"of shape (2,); expected an array of shape {shape}")
 
 

@@ -10,7 +10,8 @@ from jax import tree_util as jtu
 
 from .samples import Samples
 
-__all__ = ["IterationReport", "residual_stats", "minisanity", "format_residual_stats", "pooled_chi2"]
+__all__ = ["IterationReport", "chi2_sums", "format_residual_stats", "minisanity", "pooled_chi2", "reduced_chi2",
+           "residual_stats"]
 
 
 class IterationReport(NamedTuple):
@@ -34,13 +35,28 @@ class IterationReport(NamedTuple):
     nonlinear_status: Optional[list] = None     # per geoVI update (empty if linear)
 
 
+def _real_dof(x) -> float:
+    """Real degrees of freedom per entry: a complex entry holds two.
+
+    Every reduced chi^2 here is ``|x|^2`` summed or averaged, then divided by
+    this (dividing first rounds differently in XLA, and the numbers are kept).
+    """
+    return 2.0 if jnp.iscomplexobj(x) else 1.0
+
+
+def _normalized_residuals(samples: Samples, likelihood):
+    """The likelihood's normalized residual of every sample (leading sample axis), or None if it has none."""
+    if likelihood is None or not likelihood.has_normalized_residual:
+        return None
+    return jax.vmap(likelihood.normalized_residual)(samples.samples)
+
+
 def _leaf_stats(stacked):
     """Per leaf: (reduced chi^2 averaged over samples, std of it over samples, mean, dof)."""
     def one(x):
         x = jnp.asarray(x)
-        dof_factor = 2.0 if jnp.iscomplexobj(x) else 1.0
         axes = tuple(range(1, x.ndim))
-        per_sample = jnp.mean(jnp.abs(x) ** 2, axis=axes) / dof_factor
+        per_sample = jnp.mean(jnp.abs(x) ** 2, axis=axes) / _real_dof(x)
         return (jnp.mean(per_sample), jnp.std(per_sample), jnp.mean(jnp.real(x)),
                 int(np.prod(x.shape[1:])))
     return jtu.tree_map(one, stacked)
@@ -57,11 +73,10 @@ def residual_stats(samples: Samples, likelihood=None):
         (1 for a well-fit model), ``mean`` the average residual (bias).
     """
     out = {}
-    stacked = samples.samples
-    if likelihood is not None and likelihood.has_normalized_residual:
-        nres = jax.vmap(likelihood.normalized_residual)(stacked)
+    nres = _normalized_residuals(samples, likelihood)
+    if nres is not None:
         out["likelihood"] = _flat(_leaf_stats(nres))
-    out["prior"] = _flat(_leaf_stats(stacked))
+    out["prior"] = _flat(_leaf_stats(samples.samples))
     return out
 
 
@@ -76,6 +91,34 @@ def pooled_chi2(stats: dict) -> float:
     num = sum(s[0] * s[3] for s in stats.values())
     den = sum(s[3] for s in stats.values())
     return float(num / den) if den else float("nan")
+
+
+def chi2_sums(samples: Samples, likelihood=None):
+    """Jittable chi^2 sums of the likelihood and prior residuals, pooled over all samples and entries.
+
+    The iteration log line's reduced chi^2 (``optimize_kl`` computes these in
+    a compiled step; :func:`reduced_chi2` divides on the host).
+
+    Returns
+    -------
+    (likelihood, prior)
+        Each ``(sum of |r|^2 per real degree of freedom, dof)`` with ``dof``
+        a Python int counting every entry of every sample; ``likelihood`` is
+        None without a ``likelihood`` or one without normalized residuals.
+    """
+    def pooled(tree):
+        leaves = jtu.tree_leaves(tree)
+        return (sum(jnp.sum(jnp.abs(x) ** 2) / _real_dof(x) for x in leaves),
+                sum(int(np.prod(x.shape)) for x in leaves))
+
+    nres = _normalized_residuals(samples, likelihood)
+    return (None if nres is None else pooled(nres)), pooled(samples.samples)
+
+
+def reduced_chi2(sums) -> float:
+    """``sum / dof`` of one part of :func:`chi2_sums` (a float, on the host)."""
+    total, dof = sums
+    return float(total) / int(dof)
 
 
 def minisanity(samples: Samples, likelihood=None) -> str:

@@ -13,8 +13,7 @@ from .likelihood import Likelihood
 __all__ = ["Gaussian"]
 
 
-def Gaussian(data, noise_std=None, noise_cov_inv=None, *, noise_std_inv: Optional[Callable] = None
-             ) -> Likelihood:
+class Gaussian(Likelihood):
     """Gaussian likelihood ``H(s) = (d - s)^T N^{-1} (d - s) / 2``.
 
     Parameters
@@ -33,48 +32,75 @@ def Gaussian(data, noise_std=None, noise_cov_inv=None, *, noise_std_inv: Optiona
         Inverse noise covariance ``N^{-1}``: a diagonal (positive numbers, same
         structure rules as ``noise_std``) or a linear map ``r -> N^{-1} r``. A
         callable needs ``noise_std_inv`` (``r -> N^{-1/2} r``, self-adjoint)
-        for sampling.
+        for sampling. Give exactly one of ``noise_std`` and ``noise_cov_inv``.
+    noise_std_inv : callable, optional, keyword-only
+        ``r -> N^{-1/2} r`` (self-adjoint), required with a callable ``noise_cov_inv``.
 
-    Give exactly one of ``noise_std`` and ``noise_cov_inv``.
+    Attributes
+    ----------
+    data : pytree of jax.Array
+        ``d`` (a pytree leaf, like the noise arrays below).
+    noise_std, inv_std : pytree of jax.Array or None
+        The broadcast ``noise_std`` and ``1 / noise_std`` (given ``noise_std``).
+    noise_cov_inv, sqrt_noise_cov_inv : pytree of jax.Array, callable or None
+        The diagonal ``N^{-1}`` and its square root, or the callables.
     """
-    d = finite_data(data, "data")
-    if (noise_std is None) == (noise_cov_inv is None):
-        raise ValueError("give exactly one of noise_std and noise_cov_inv")
-    if noise_std is not None:
-        std = positive_like(noise_std, d, "noise_std", inverse_square=True)  # 1/std**2 finite in d's dtype
-        inv_std = to_device(jtu.tree_map(lambda x: 1.0 / x, std))
 
-        def n_inv(r):
-            return jtu.tree_map(lambda a, w: a * w * w, r, inv_std)
+    def __init__(self, data, noise_std=None, noise_cov_inv=None, *, noise_std_inv: Optional[Callable] = None):
+        d = finite_data(data, "data")
+        if (noise_std is None) == (noise_cov_inv is None):
+            raise ValueError("give exactly one of noise_std and noise_cov_inv")
+        self.data = d
+        self.noise_std = self.inv_std = self.noise_cov_inv = self.sqrt_noise_cov_inv = None
+        if noise_std is not None:
+            std = positive_like(noise_std, d, "noise_std", inverse_square=True)  # 1/std**2 finite in d's dtype
+            self.noise_std = to_device(std)
+            self.inv_std = to_device(jtu.tree_map(lambda x: 1.0 / x, std))   # in NumPy: correctly rounded
+        elif callable(noise_cov_inv):
+            if not callable(noise_std_inv):
+                raise ValueError("a callable noise_cov_inv needs noise_std_inv (r -> N^{-1/2} r) as well")
+            self.noise_cov_inv, self.sqrt_noise_cov_inv = noise_cov_inv, noise_std_inv
+        else:
+            prec_host = positive_like(noise_cov_inv, d, "noise_cov_inv")
+            self.noise_cov_inv = to_device(prec_host)
+            self.sqrt_noise_cov_inv = to_device(jtu.tree_map(np.sqrt, prec_host))
+        self._finish_init(domain_of(d))
 
-        def n_inv_sqrt(r):
-            return jtu.tree_map(lambda a, w: a * w, r, inv_std)
-    elif callable(noise_cov_inv):
-        if not callable(noise_std_inv):
-            raise ValueError("a callable noise_cov_inv needs noise_std_inv (r -> N^{-1/2} r) as well")
-        n_inv, n_inv_sqrt = noise_cov_inv, noise_std_inv
-    else:
-        prec_host = positive_like(noise_cov_inv, d, "noise_cov_inv")
-        prec, sqrt_prec = to_device(prec_host), to_device(jtu.tree_map(np.sqrt, prec_host))
+    def _n_inv(self, r):
+        if self.inv_std is not None:
+            return jtu.tree_map(lambda a, w: a * w * w, r, self.inv_std)
+        if callable(self.noise_cov_inv):
+            return self.noise_cov_inv(r)
+        return jtu.tree_map(lambda a, w: a * w, r, self.noise_cov_inv)
 
-        def n_inv(r):
-            return jtu.tree_map(lambda a, w: a * w, r, prec)
+    def _n_inv_sqrt(self, r):
+        if self.inv_std is not None:
+            return jtu.tree_map(lambda a, w: a * w, r, self.inv_std)
+        if callable(self.sqrt_noise_cov_inv):
+            return self.sqrt_noise_cov_inv(r)
+        return jtu.tree_map(lambda a, w: a * w, r, self.sqrt_noise_cov_inv)
 
-        def n_inv_sqrt(r):
-            return jtu.tree_map(lambda a, w: a * w, r, sqrt_prec)
+    def energy(self, s):
+        r = tm.sub(self.data, s)
+        return 0.5 * tm.vdot(r, self._n_inv(r))
 
-    def energy(s):
-        r = tm.sub(d, s)
-        return 0.5 * tm.vdot(r, n_inv(r))
+    def transformation(self, s):
+        return self._n_inv_sqrt(s)
 
-    lh = Likelihood(
-        energy, n_inv_sqrt, domain=domain_of(d),
-        metric=lambda s, t: n_inv(t),
-        left_sqrt_metric=lambda s, e: n_inv_sqrt(e),
-        normalized_residual=lambda s: n_inv_sqrt(tm.sub(d, s)),
-    )
-    # checkpoint fingerprint: the data and the noise as used (a callable noise_cov_inv is unknown: None)
-    noise = ({"noise_std": std} if noise_std is not None else
-             {"noise_cov_inv": None if callable(noise_cov_inv) else prec_host})
-    lh.data_leaves = {"Gaussian": {"data": d, **noise}}
-    return lh
+    def metric(self, s, t):
+        return self._n_inv(t)
+
+    def left_sqrt_metric(self, s, e):
+        return self._n_inv_sqrt(e)
+
+    def normalized_residual(self, s):
+        return self._n_inv_sqrt(tm.sub(self.data, s))
+
+    @property
+    def data_leaves(self):
+        """The data and the noise as used (a callable ``noise_cov_inv`` is unknown: ``None``)."""
+        if self.noise_std is not None:
+            noise = {"noise_std": self.noise_std}
+        else:
+            noise = {"noise_cov_inv": None if callable(self.noise_cov_inv) else self.noise_cov_inv}
+        return {"Gaussian": {"data": self.data, **noise}}

@@ -32,18 +32,19 @@ def kl_value_and_grad(lh: Likelihood, pos, residuals, strategy):
     ``residuals`` has a leading sample axis; with zero samples this is the MAP
     objective ``H(pos)``.
     """
-    vg = jax.value_and_grad(lambda xi: hamiltonian(lh, xi))
+    vg = jax.value_and_grad(hamiltonian, argnums=1)
     if _n(residuals) == 0:
-        return vg(pos)
-    return map_mean(strategy, lambda p, r: vg(tm.add(p, r)), (None, 0))(pos, residuals)
+        return vg(lh, pos)
+    # the likelihood is passed to the strategy as a broadcast argument (its arrays are never closed over)
+    return map_mean(strategy, lambda l, p, r: vg(l, tm.add(p, r)), (None, None, 0))(lh, pos, residuals)
 
 
 def kl_metric(lh: Likelihood, pos, residuals, tangent, strategy):
     """Sample-averaged metric ``mean_i M(pos + r_i) t``."""
     if _n(residuals) == 0:
         return hamiltonian_metric(lh, pos, tangent)
-    return map_mean(strategy, lambda p, r, t: hamiltonian_metric(lh, tm.add(p, r), t),
-                    (None, 0, None))(pos, residuals, tangent)
+    return map_mean(strategy, lambda l, p, r, t: hamiltonian_metric(l, tm.add(p, r), t),
+                    (None, None, 0, None))(lh, pos, residuals, tangent)
 
 
 def _n(residuals) -> int:

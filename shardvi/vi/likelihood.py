@@ -1,4 +1,8 @@
-"""Likelihood: energy, Fisher metric and its square root, on signal or latent space."""
+"""Likelihood: energy, Fisher metric and its square root, on signal or latent space.
+
+``Likelihood`` is the base class (a :class:`~shardvi.Module`: its arrays are pytree leaves);
+``AmendedLikelihood`` and ``SumLikelihood`` are what ``amend`` and ``+`` build.
+"""
 from __future__ import annotations
 
 import functools
@@ -10,8 +14,9 @@ from jax import tree_util as jtu
 
 from .. import tree_math as tm
 from ..models.model import Model, normalize_domain
+from ..module import Module
 
-__all__ = ["Likelihood"]
+__all__ = ["AmendedLikelihood", "FunctionLikelihood", "Likelihood", "SumLikelihood"]
 
 
 def _kind(dtype) -> str:
@@ -41,85 +46,95 @@ def _check_same_dtypes(target, domain) -> None:
                 f"(e.g. np.asarray(data, {jnp.dtype(t.dtype).name})) or build the model in the data's dtype")
 
 
-class Likelihood:
+def _overrides(obj, name: str) -> bool:
+    """Whether ``type(obj)`` defines method ``name`` itself rather than inheriting :class:`Likelihood`'s."""
+    return getattr(type(obj), name) is not getattr(Likelihood, name)
+
+
+class _Opaque:
+    """A value kept out of the pytree (a static leaf compared by identity): e.g. fingerprint-only arrays."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+class Likelihood(Module):
     """Negative log-likelihood ``H(s) = -log p(d | s)`` with its Fisher geometry.
 
-    The Fisher metric is ``F(s) = (dT/ds)^T (dT/ds)`` for the *transformation*
-    ``T``; when no explicit ``metric``/``left_sqrt_metric`` is given they are
-    derived from ``T`` with one JVP and one VJP.
+    The base class of all likelihoods. A likelihood is a :class:`~shardvi.Module`:
+    its arrays (data, noise, masks) are pytree leaves, so the engine passes
+    them to its compiled programs as arguments. The Fisher metric is
+    ``F(s) = (dT/ds)^T (dT/ds)`` for the *transformation* ``T``; what a
+    subclass does not define is derived from ``T`` with one JVP and one VJP.
 
-    Parameters
-    ----------
-    energy : callable
-        ``s -> H(s)``, a real scalar.
-    transformation : callable, optional
-        ``s -> T(s)``; needed for geoVI and for the default metric.
-    domain : pytree of jax.ShapeDtypeStruct
-        Shapes/dtypes of ``s``.
-    metric : callable, optional
-        ``(s, t) -> F(s) t``.
-    left_sqrt_metric : callable, optional
-        ``(s, e) -> L(s) e`` with ``L L^T = F`` and ``e`` shaped like
-        ``lsm_tangents_shape``.
-    lsm_tangents_shape : pytree of jax.ShapeDtypeStruct, optional
-        Shape of ``e`` (default: the shape of ``T(s)``).
-    normalized_residual : callable, optional
-        ``s -> (d - s) / noise``-like residual, used by diagnostics.
-    metric_operator : callable, optional
-        ``s -> (t -> F(s) t)``: the metric at ``s`` as a linear operator, with
-        the work that depends on ``s`` alone done once (see
-        :meth:`metric_operator`; default: derived from ``metric`` or ``T``).
+    Subclassing
+    -----------
+    Set ``self.domain`` (pytree of ``jax.ShapeDtypeStruct``, the shapes of
+    ``s``) and the data arrays as attributes in ``__init__``, then implement
+    :meth:`energy` and, for geoVI and the default metric,
+    :meth:`transformation`; optionally :meth:`metric` /
+    :meth:`metric_operator`, :meth:`left_sqrt_metric` (then also set
+    ``self.lsm_tangents_shape``) and :meth:`normalized_residual`. Call
+    :meth:`_finish_init` at the end of ``__init__``.
+
+    Built from functions
+    --------------------
+    ``Likelihood(energy, transformation=None, *, domain, metric=None,
+    left_sqrt_metric=None, lsm_tangents_shape=None, normalized_residual=None,
+    metric_operator=None, data_leaves=None)`` builds a
+    :class:`FunctionLikelihood`: ``energy`` is ``s -> H(s)``,
+    ``transformation`` ``s -> T(s)``, ``metric`` ``(s, t) -> F(s) t``,
+    ``left_sqrt_metric`` ``(s, e) -> L(s) e`` with ``L L^T = F`` (``e`` shaped
+    like ``lsm_tangents_shape``, default: the shape of ``T(s)``),
+    ``normalized_residual`` ``s -> (d - s) / noise``-like, ``metric_operator``
+    ``s -> (t -> F(s) t)``. Arrays the functions close over are constants of
+    the compiled programs (prefer a subclass for large data).
 
     Attributes
     ----------
+    domain : pytree of jax.ShapeDtypeStruct
+        Shapes/dtypes of ``s``.
+    lsm_tangents_shape : pytree of jax.ShapeDtypeStruct or None
+        Shape of the white noise ``e`` of :meth:`left_sqrt_metric`.
     data_leaves : pytree or None
         What this likelihood was built from, for checkpoint fingerprints only:
-        the data and noise arrays (set by ``Gaussian``, ``Poisson``,
-        ``StudentT``, ``VariableCovarianceGaussian``; kept through ``amend``,
-        which adds the model's output shapes, and ``+``). ``None`` (the
-        default for a likelihood built directly) or ``None`` leaves mark
-        unknown parts; set it to e.g. ``{"data": d}`` to have them checked.
+        the data and noise arrays (``Gaussian``, ``Poisson``, ``StudentT``,
+        ``VariableCovarianceGaussian``; kept through ``amend``, which adds the
+        model's output shapes, and ``+``). ``None`` (or ``None`` leaves) marks
+        unknown parts.
     """
 
-    def __init__(self, energy: Callable, transformation: Optional[Callable] = None, *, domain,
-                 metric: Optional[Callable] = None, left_sqrt_metric: Optional[Callable] = None,
-                 lsm_tangents_shape=None, normalized_residual: Optional[Callable] = None,
-                 metric_operator: Optional[Callable] = None):
-        if not callable(energy):
-            raise TypeError(f"energy must be callable, got {type(energy).__name__}")
+    def __new__(cls, *args, **kwargs):
+        if cls is Likelihood:  # Likelihood(energy, ...): a likelihood built from functions
+            return object.__new__(FunctionLikelihood)
+        return object.__new__(cls)
+
+    def _finish_init(self, domain, lsm_tangents_shape=None) -> None:
+        """Set ``domain`` (validated) and ``lsm_tangents_shape`` (default: the shape of ``T(s)``)."""
         self.domain = normalize_domain(domain)
-        self._energy = energy
-        self._transformation = transformation
-        self._metric = metric
-        self._metric_operator = metric_operator
-        self._lsm = left_sqrt_metric
-        self._normalized_residual = normalized_residual
-        if lsm_tangents_shape is None and transformation is not None:
-            lsm_tangents_shape = jax.eval_shape(transformation, self.domain)
-        if lsm_tangents_shape is None and left_sqrt_metric is not None:
+        if lsm_tangents_shape is None and self.has_transformation:
+            lsm_tangents_shape = jax.eval_shape(self.transformation, self.domain)
+        if lsm_tangents_shape is None and _overrides(self, "left_sqrt_metric"):
             raise ValueError("lsm_tangents_shape is required with an explicit left_sqrt_metric "
                              "and no transformation")
         self.lsm_tangents_shape = lsm_tangents_shape
-        self.data_leaves = None  # see Attributes: for checkpoint fingerprints
 
     # -- core maps -------------------------------------------------------------------------
     def energy(self, s):
         """Negative log-likelihood at ``s`` (up to an ``s``-independent constant)."""
-        return self._energy(s)
+        raise NotImplementedError(f"{type(self).__name__} defines no energy")
 
     def __call__(self, s):
-        return self._energy(s)
+        return self.energy(s)
 
     def transformation(self, s):
         """``T(s)``: coordinates in which the Fisher metric is the identity."""
-        if self._transformation is None:
-            raise NotImplementedError("this likelihood has no transformation (needed for geoVI)")
-        return self._transformation(s)
+        raise NotImplementedError("this likelihood has no transformation (needed for geoVI)")
 
     def metric(self, s, t):
         """Fisher metric ``F(s) t``."""
-        if self._metric is not None:
-            return self._metric(s, t)
         return self.metric_operator(s)(t)
 
     def metric_operator(self, s) -> Callable:
@@ -130,6 +145,108 @@ class Likelihood:
         operator runs only the linear parts. Use it where the metric at one
         point is applied many times (a CG solve).
         """
+        if _overrides(self, "metric"):
+            return functools.partial(self.metric, s)
+        _, jvp, adj = tm.linearize_with_adjoint(self.transformation, s)
+        return lambda t: adj(jvp(t))
+
+    def left_sqrt_metric(self, s, e):
+        """``L(s) e`` with ``L L^T = F(s)``; a standard normal ``e`` gives ``N(0, F)``."""
+        if not self.has_transformation:
+            raise NotImplementedError("this likelihood has neither a left_sqrt_metric nor a transformation "
+                                      "(one is needed to draw samples)")
+        _, vjp = jax.vjp(self.transformation, s)
+        return tm.linear_adjoint(vjp)(e)
+
+    def normalized_residual(self, s):
+        """Noise-weighted data residual at ``s``."""
+        raise NotImplementedError("this likelihood defines no normalized_residual")
+
+    @property
+    def has_normalized_residual(self) -> bool:
+        return _overrides(self, "normalized_residual")
+
+    @property
+    def has_transformation(self) -> bool:
+        return _overrides(self, "transformation")
+
+    @property
+    def data_leaves(self):
+        return None
+
+    # -- composition -----------------------------------------------------------------------
+    def amend(self, model) -> "AmendedLikelihood":
+        """This likelihood pulled back to the latent space of ``model``.
+
+        The metric becomes ``J^T F J`` and the left square root ``J^T L`` with
+        ``J = d model / d xi``, applied matrix-free. The model's output must
+        match the data in structure and shapes (else ``ValueError``) and in
+        dtypes, leaf by leaf (else ``TypeError``: nothing is cast implicitly).
+        """
+        return AmendedLikelihood(self, model)
+
+    def __add__(self, other: "Likelihood") -> "SumLikelihood":
+        """Sum of independent likelihoods (energies and metrics add).
+
+        Both must live on the same domain, or both on dicts whose entries agree
+        where their keys overlap; the sum lives on the union of the keys.
+        """
+        if not isinstance(other, Likelihood):
+            return NotImplemented
+        return SumLikelihood(self, other)
+
+
+class FunctionLikelihood(Likelihood):
+    """A likelihood built from functions: what ``Likelihood(energy, ...)`` returns (see :class:`Likelihood`).
+
+    The functions are static configuration (compared by identity); arrays
+    they close over are constants of the compiled programs. ``data_leaves``
+    (optional) describes the data for checkpoint fingerprints.
+    """
+
+    def __init__(self, energy: Callable, transformation: Optional[Callable] = None, *, domain,
+                 metric: Optional[Callable] = None, left_sqrt_metric: Optional[Callable] = None,
+                 lsm_tangents_shape=None, normalized_residual: Optional[Callable] = None,
+                 metric_operator: Optional[Callable] = None, data_leaves=None):
+        if not callable(energy):
+            raise TypeError(f"energy must be callable, got {type(energy).__name__}")
+        for name, fn in (("transformation", transformation), ("metric", metric),
+                         ("left_sqrt_metric", left_sqrt_metric), ("normalized_residual", normalized_residual),
+                         ("metric_operator", metric_operator)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} must be callable or None, got {type(fn).__name__}")
+        self._energy = energy
+        self._transformation = transformation
+        self._metric = metric
+        self._metric_operator = metric_operator
+        self._lsm = left_sqrt_metric
+        self._normalized_residual = normalized_residual
+        self._data_leaves = _Opaque(data_leaves)
+        self._finish_init(domain, lsm_tangents_shape)
+
+    def _finish_init(self, domain, lsm_tangents_shape=None) -> None:
+        self.domain = normalize_domain(domain)
+        if lsm_tangents_shape is None and self._transformation is not None:
+            lsm_tangents_shape = jax.eval_shape(self._transformation, self.domain)
+        if lsm_tangents_shape is None and self._lsm is not None:
+            raise ValueError("lsm_tangents_shape is required with an explicit left_sqrt_metric "
+                             "and no transformation")
+        self.lsm_tangents_shape = lsm_tangents_shape
+
+    def energy(self, s):
+        return self._energy(s)
+
+    def transformation(self, s):
+        if self._transformation is None:
+            return super().transformation(s)
+        return self._transformation(s)
+
+    def metric(self, s, t):
+        if self._metric is not None:
+            return self._metric(s, t)
+        return self.metric_operator(s)(t)
+
+    def metric_operator(self, s) -> Callable:
         if self._metric_operator is not None:
             return self._metric_operator(s)
         if self._metric is not None:
@@ -138,19 +255,13 @@ class Likelihood:
         return lambda t: adj(jvp(t))
 
     def left_sqrt_metric(self, s, e):
-        """``L(s) e`` with ``L L^T = F(s)``; a standard normal ``e`` gives ``N(0, F)``."""
         if self._lsm is not None:
             return self._lsm(s, e)
-        if self._transformation is None:
-            raise NotImplementedError("this likelihood has neither a left_sqrt_metric nor a transformation "
-                                      "(one is needed to draw samples)")
-        _, vjp = jax.vjp(self.transformation, s)
-        return tm.linear_adjoint(vjp)(e)
+        return super().left_sqrt_metric(s, e)
 
     def normalized_residual(self, s):
-        """Noise-weighted data residual at ``s``."""
         if self._normalized_residual is None:
-            raise NotImplementedError("this likelihood defines no normalized_residual")
+            return super().normalized_residual(s)
         return self._normalized_residual(s)
 
     @property
@@ -161,104 +272,150 @@ class Likelihood:
     def has_transformation(self) -> bool:
         return self._transformation is not None
 
-    # -- composition -----------------------------------------------------------------------
-    def amend(self, model) -> "Likelihood":
-        """This likelihood pulled back to the latent space of ``model``.
+    @property
+    def data_leaves(self):
+        return self._data_leaves.value
 
-        The metric becomes ``J^T F J`` and the left square root ``J^T L`` with
-        ``J = d model / d xi``, applied matrix-free. The model's output must
-        match the data in structure and shapes (else ``ValueError``) and in
-        dtypes, leaf by leaf (else ``TypeError``: nothing is cast implicitly).
-        """
+
+class AmendedLikelihood(Likelihood):
+    """``likelihood`` on the latent space of ``model``: ``H(xi) = H_lh(model(xi))`` (see :meth:`Likelihood.amend`).
+
+    Parameters
+    ----------
+    likelihood : Likelihood
+        On the model's output space (its ``domain`` must match ``model.target``).
+    model : shardvi.Model
+        The forward model; its arrays are leaves too.
+    """
+
+    def __init__(self, likelihood: Likelihood, model):
+        if not isinstance(likelihood, Likelihood):
+            raise TypeError(f"likelihood must be a shardvi Likelihood, got {type(likelihood).__name__}")
         if not isinstance(model, Model):
             if callable(model):
                 raise TypeError("model must be a shardvi.Model (wrap the function: sv.Model(call, domain))")
             raise TypeError(f"model must be a shardvi.Model, got {type(model).__name__}")
-        if _shape_tree(model.target) != _shape_tree(self.domain):
+        if _shape_tree(model.target) != _shape_tree(likelihood.domain):
             raise ValueError(
                 "model output does not match the likelihood's data: model.target is "
-                f"{_shape_tree(model.target)}, likelihood expects {_shape_tree(self.domain)}")
-        _check_same_dtypes(model.target, self.domain)
-        lh = self
-
-        def energy(xi):
-            return lh.energy(model(xi))
-
-        def metric_operator(xi):  # J^T F(s) J with one evaluation of the model
-            s, jvp, adj = tm.linearize_with_adjoint(model, xi)
-            fs = lh.metric_operator(s)
-            return lambda t: adj(fs(jvp(t)))
-
-        def metric(xi, t):
-            return metric_operator(xi)(t)
-
-        def lsm(xi, e):
-            s, vjp = jax.vjp(model, xi)
-            return tm.linear_adjoint(vjp)(lh.left_sqrt_metric(s, e))
-
-        trafo = (lambda xi: lh.transformation(model(xi))) if lh.has_transformation else None
-        nres = (lambda xi: lh.normalized_residual(model(xi))) if lh.has_normalized_residual else None
+                f"{_shape_tree(model.target)}, likelihood expects {_shape_tree(likelihood.domain)}")
+        _check_same_dtypes(model.target, likelihood.domain)
+        self.likelihood = likelihood
+        self.model = model
+        self.domain = model.domain
         # a likelihood with a metric but neither transformation nor left square root has no lsm
-        has_lsm = self.lsm_tangents_shape is not None
-        out = Likelihood(energy, trafo, domain=model.domain, metric=metric,
-                         left_sqrt_metric=lsm if has_lsm else None,
-                         lsm_tangents_shape=self.lsm_tangents_shape, normalized_residual=nres,
-                         metric_operator=metric_operator)
-        out.data_leaves = {"likelihood": self.data_leaves, "model_output": self.domain}
-        return out
+        self.lsm_tangents_shape = likelihood.lsm_tangents_shape
 
-    def __add__(self, other: "Likelihood") -> "Likelihood":
-        """Sum of independent likelihoods (energies and metrics add).
+    def energy(self, xi):
+        return self.likelihood.energy(self.model(xi))
 
-        Both must live on the same domain, or both on dicts whose entries agree
-        where their keys overlap; the sum lives on the union of the keys.
-        """
-        if not isinstance(other, Likelihood):
-            return NotImplemented
-        a, b = self, other
+    def transformation(self, xi):
+        return self.likelihood.transformation(self.model(xi))
+
+    def metric(self, xi, t):
+        return self.metric_operator(xi)(t)
+
+    def metric_operator(self, xi):
+        """``t -> J^T F(s) J t`` with one evaluation (and linearization) of the model."""
+        s, jvp, adj = tm.linearize_with_adjoint(self.model, xi)
+        fs = self.likelihood.metric_operator(s)
+        return lambda t: adj(fs(jvp(t)))
+
+    def left_sqrt_metric(self, xi, e):
+        if self.lsm_tangents_shape is None:
+            raise NotImplementedError("this likelihood has neither a left_sqrt_metric nor a transformation "
+                                      "(one is needed to draw samples)")
+        s, vjp = jax.vjp(self.model, xi)
+        return tm.linear_adjoint(vjp)(self.likelihood.left_sqrt_metric(s, e))
+
+    def normalized_residual(self, xi):
+        return self.likelihood.normalized_residual(self.model(xi))
+
+    @property
+    def has_transformation(self) -> bool:
+        return self.likelihood.has_transformation
+
+    @property
+    def has_normalized_residual(self) -> bool:
+        return self.likelihood.has_normalized_residual
+
+    @property
+    def data_leaves(self):
+        return {"likelihood": self.likelihood.data_leaves, "model_output": self.likelihood.domain}
+
+
+class SumLikelihood(Likelihood):
+    """``a + b``: independent likelihoods whose energies and metrics add (see :meth:`Likelihood.__add__`).
+
+    On one common domain, or on dicts that agree where their keys overlap (the
+    sum then lives on the union of the keys; each part sees its own keys).
+    """
+
+    def __init__(self, a: Likelihood, b: Likelihood):
+        if not isinstance(a, Likelihood) or not isinstance(b, Likelihood):
+            raise TypeError(f"both terms must be shardvi Likelihoods, got {type(a).__name__} and "
+                            f"{type(b).__name__}")
         if _shape_tree(a.domain) == _shape_tree(b.domain):
-            domain = a.domain
-            pa = pb = (lambda x: x)
-            lift_a = lift_b = (lambda x, full=None: x)
+            domain, keys_a, keys_b = a.domain, None, None
         elif isinstance(a.domain, dict) and isinstance(b.domain, dict):
             for k in set(a.domain) & set(b.domain):
                 if _shape_tree(a.domain[k]) != _shape_tree(b.domain[k]):
                     raise ValueError(f"likelihoods disagree on the shape of domain entry {k!r}")
-            domain = {**a.domain, **b.domain}
-            ka, kb = tuple(a.domain), tuple(b.domain)
-            pa = lambda x: {k: x[k] for k in ka}  # noqa: E731
-            pb = lambda x: {k: x[k] for k in kb}  # noqa: E731
-
-            def _lift(keys):
-                def lift(part, full):
-                    return {k: (part[k] if k in keys else jnp.zeros_like(full[k])) for k in full}
-                return lift
-            lift_a, lift_b = _lift(ka), _lift(kb)
+            domain, keys_a, keys_b = {**a.domain, **b.domain}, tuple(a.domain), tuple(b.domain)
         else:
             raise ValueError("cannot add likelihoods on different domains: "
                              f"{_shape_tree(a.domain)} vs {_shape_tree(b.domain)}")
-
-        def energy(x):
-            return a.energy(pa(x)) + b.energy(pb(x))
-
-        def metric_operator(x):
-            ma, mb = a.metric_operator(pa(x)), b.metric_operator(pb(x))
-            return lambda t: tm.add(lift_a(ma(pa(t)), t), lift_b(mb(pb(t)), t))
-
-        def metric(x, t):
-            return metric_operator(x)(t)
-
-        def lsm(x, e):
-            return tm.add(lift_a(a.left_sqrt_metric(pa(x), e[0]), x), lift_b(b.left_sqrt_metric(pb(x), e[1]), x))
-
-        both_t = a.has_transformation and b.has_transformation
-        trafo = (lambda x: (a.transformation(pa(x)), b.transformation(pb(x)))) if both_t else None
-        both_r = a.has_normalized_residual and b.has_normalized_residual
-        nres = (lambda x: (a.normalized_residual(pa(x)), b.normalized_residual(pb(x)))) if both_r else None
+        self.a, self.b = a, b
+        self.keys_a, self.keys_b = keys_a, keys_b
+        self.domain = domain
         has_lsm = a.lsm_tangents_shape is not None and b.lsm_tangents_shape is not None
-        out = Likelihood(energy, trafo, domain=domain, metric=metric,
-                         left_sqrt_metric=lsm if has_lsm else None,
-                         lsm_tangents_shape=(a.lsm_tangents_shape, b.lsm_tangents_shape) if has_lsm else None,
-                         normalized_residual=nres, metric_operator=metric_operator)
-        out.data_leaves = (a.data_leaves, b.data_leaves)
-        return out
+        self.lsm_tangents_shape = (a.lsm_tangents_shape, b.lsm_tangents_shape) if has_lsm else None
+
+    @staticmethod
+    def _part(keys, x):
+        return x if keys is None else {k: x[k] for k in keys}
+
+    @staticmethod
+    def _lift(keys, part, full):
+        if keys is None:
+            return part
+        return {k: (part[k] if k in keys else jnp.zeros_like(full[k])) for k in full}
+
+    def energy(self, x):
+        return self.a.energy(self._part(self.keys_a, x)) + self.b.energy(self._part(self.keys_b, x))
+
+    def transformation(self, x):
+        return (self.a.transformation(self._part(self.keys_a, x)),
+                self.b.transformation(self._part(self.keys_b, x)))
+
+    def metric(self, x, t):
+        return self.metric_operator(x)(t)
+
+    def metric_operator(self, x):
+        ka, kb = self.keys_a, self.keys_b
+        ma, mb = self.a.metric_operator(self._part(ka, x)), self.b.metric_operator(self._part(kb, x))
+        return lambda t: tm.add(self._lift(ka, ma(self._part(ka, t)), t), self._lift(kb, mb(self._part(kb, t)), t))
+
+    def left_sqrt_metric(self, x, e):
+        if self.lsm_tangents_shape is None:
+            raise NotImplementedError("this likelihood has neither a left_sqrt_metric nor a transformation "
+                                      "(one is needed to draw samples)")
+        ka, kb = self.keys_a, self.keys_b
+        return tm.add(self._lift(ka, self.a.left_sqrt_metric(self._part(ka, x), e[0]), x),
+                      self._lift(kb, self.b.left_sqrt_metric(self._part(kb, x), e[1]), x))
+
+    def normalized_residual(self, x):
+        return (self.a.normalized_residual(self._part(self.keys_a, x)),
+                self.b.normalized_residual(self._part(self.keys_b, x)))
+
+    @property
+    def has_transformation(self) -> bool:
+        return self.a.has_transformation and self.b.has_transformation
+
+    @property
+    def has_normalized_residual(self) -> bool:
+        return self.a.has_normalized_residual and self.b.has_normalized_residual
+
+    @property
+    def data_leaves(self):
+        return (self.a.data_leaves, self.b.data_leaves)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from jax import tree_util as jtu
 
 from .. import tree_math as tm
@@ -11,13 +12,13 @@ from .likelihood import Likelihood
 __all__ = ["Poisson"]
 
 
-def Poisson(counts) -> Likelihood:
+class Poisson(Likelihood):
     """Poisson likelihood ``H(s) = sum(s - d log s)`` for a positive rate ``s``.
 
     Parameters
     ----------
     counts : array or pytree of arrays
-        Non-negative observed counts ``d``.
+        Non-negative observed counts ``d`` (a pytree leaf: ``self.counts``).
 
     Notes
     -----
@@ -25,21 +26,32 @@ def Poisson(counts) -> Likelihood:
     normalized residual ``(d - s)/sqrt(s)``. The model must output ``s > 0``
     (e.g. through ``exp``).
     """
-    d = finite_data(counts, "counts")
-    if not all(bool(jnp.all(x >= 0)) for x in jtu.tree_leaves(d)):
-        raise ValueError("counts must be non-negative")
-    if any(jnp.iscomplexobj(x) for x in jtu.tree_leaves(d)):
-        raise TypeError("counts must be real")
 
-    def energy(s):
-        parts = jtu.tree_map(lambda si, di: jnp.sum(si - di * jnp.log(si)), s, d)
+    def __init__(self, counts):
+        d = finite_data(counts, "counts")
+        if any(jnp.iscomplexobj(x) for x in jtu.tree_leaves(d)):
+            raise TypeError("counts must be real")
+        if not all(bool(np.all(np.asarray(x) >= 0)) for x in jtu.tree_leaves(d)):
+            raise ValueError("counts must be non-negative")
+        self.counts = d
+        self._finish_init(domain_of(d))
+
+    def energy(self, s):
+        parts = jtu.tree_map(lambda si, di: jnp.sum(si - di * jnp.log(si)), s, self.counts)
         return sum(jtu.tree_leaves(parts))
 
-    lh = Likelihood(
-        energy, lambda s: jtu.tree_map(lambda x: 2.0 * jnp.sqrt(x), s), domain=domain_of(d),
-        metric=lambda s, t: jtu.tree_map(lambda si, ti: ti / si, s, t),
-        left_sqrt_metric=lambda s, e: jtu.tree_map(lambda si, ei: ei / jnp.sqrt(si), s, e),
-        normalized_residual=lambda s: jtu.tree_map(lambda si, di: (di - si) / jnp.sqrt(si), s, d),
-    )
-    lh.data_leaves = {"Poisson": {"counts": d}}  # checkpoint fingerprint
-    return lh
+    def transformation(self, s):
+        return jtu.tree_map(lambda x: 2.0 * jnp.sqrt(x), s)
+
+    def metric(self, s, t):
+        return jtu.tree_map(lambda si, ti: ti / si, s, t)
+
+    def left_sqrt_metric(self, s, e):
+        return jtu.tree_map(lambda si, ei: ei / jnp.sqrt(si), s, e)
+
+    def normalized_residual(self, s):
+        return jtu.tree_map(lambda si, di: (di - si) / jnp.sqrt(si), s, self.counts)
+
+    @property
+    def data_leaves(self):
+        return {"Poisson": {"counts": self.counts}}

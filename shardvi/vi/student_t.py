@@ -11,7 +11,7 @@ from .likelihood import Likelihood
 __all__ = ["StudentT"]
 
 
-def StudentT(data, dof, noise_std) -> Likelihood:
+class StudentT(Likelihood):
     """Student-t likelihood with ``dof`` degrees of freedom and scale ``noise_std``.
 
     ``H(s) = sum((dof + 1)/2 * log(1 + ((d - s)/sigma)^2 / dof))``; Fisher
@@ -25,25 +25,44 @@ def StudentT(data, dof, noise_std) -> Likelihood:
         Degrees of freedom, > 0.
     noise_std : float or array
         Scale ``sigma`` > 0 (same units as ``d``).
-    """
-    d = finite_data(data, "data")
-    if any(jnp.iscomplexobj(x) for x in jtu.tree_leaves(d)):
-        raise TypeError("StudentT data must be real")
-    nu_host, sig_host = positive_like(dof, d, "dof"), positive_like(noise_std, d, "noise_std", inverse_square=True)
-    # in NumPy, like the checks (no eager XLA programs); sqrt and division are correctly rounded in both
-    fac = to_device(jtu.tree_map(lambda n, s: np.sqrt((n + 1) / (n + 3)) / s, nu_host, sig_host))
-    nu, sig = to_device(nu_host), to_device(sig_host)
 
-    def energy(s):
-        parts = jtu.tree_map(
-            lambda si, di, n, sg: jnp.sum(0.5 * (n + 1) * jnp.log1p(((di - si) / sg) ** 2 / n)), s, d, nu, sig)
+    Attributes
+    ----------
+    data, dof, noise_std : pytree of jax.Array
+        Broadcast to the data's leaves (pytree leaves of the likelihood).
+    fisher_sqrt : pytree of jax.Array
+        ``sqrt((dof + 1) / (dof + 3)) / sigma``, the square root of the metric.
+    """
+
+    def __init__(self, data, dof, noise_std):
+        d = finite_data(data, "data")
+        if any(jnp.iscomplexobj(x) for x in jtu.tree_leaves(d)):
+            raise TypeError("StudentT data must be real")
+        nu_host = positive_like(dof, d, "dof")
+        sig_host = positive_like(noise_std, d, "noise_std", inverse_square=True)
+        self.data = d
+        self.dof, self.noise_std = to_device(nu_host), to_device(sig_host)
+        # in NumPy, like the checks (no eager XLA programs); sqrt and division are correctly rounded in both
+        self.fisher_sqrt = to_device(jtu.tree_map(lambda n, s: np.sqrt((n + 1) / (n + 3)) / s, nu_host, sig_host))
+        self._finish_init(domain_of(d))
+
+    def energy(self, s):
+        parts = jtu.tree_map(lambda si, di, n, sg: jnp.sum(0.5 * (n + 1) * jnp.log1p(((di - si) / sg) ** 2 / n)),
+                             s, self.data, self.dof, self.noise_std)
         return sum(jtu.tree_leaves(parts))
 
-    lh = Likelihood(
-        energy, lambda s: jtu.tree_map(lambda si, f: f * si, s, fac), domain=domain_of(d),
-        metric=lambda s, t: jtu.tree_map(lambda ti, f: f * f * ti, t, fac),
-        left_sqrt_metric=lambda s, e: jtu.tree_map(lambda ei, f: f * ei, e, fac),
-        normalized_residual=lambda s: jtu.tree_map(lambda si, di, sg: (di - si) / sg, s, d, sig),
-    )
-    lh.data_leaves = {"StudentT": {"data": d, "dof": nu_host, "noise_std": sig_host}}  # checkpoint fingerprint
-    return lh
+    def transformation(self, s):
+        return jtu.tree_map(lambda si, f: f * si, s, self.fisher_sqrt)
+
+    def metric(self, s, t):
+        return jtu.tree_map(lambda ti, f: f * f * ti, t, self.fisher_sqrt)
+
+    def left_sqrt_metric(self, s, e):
+        return jtu.tree_map(lambda ei, f: f * ei, e, self.fisher_sqrt)
+
+    def normalized_residual(self, s):
+        return jtu.tree_map(lambda si, di, sg: (di - si) / sg, s, self.data, self.noise_std)
+
+    @property
+    def data_leaves(self):
+        return {"StudentT": {"data": self.data, "dof": self.dof, "noise_std": self.noise_std}}

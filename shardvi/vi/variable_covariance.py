@@ -12,7 +12,7 @@ __all__ = ["VariableCovarianceGaussian"]
 _SQRT2 = 2.0 ** 0.5
 
 
-def VariableCovarianceGaussian(data) -> Likelihood:
+class VariableCovarianceGaussian(Likelihood):
     """Gaussian likelihood with signal ``s = (mean, std)`` (a 2-tuple of arrays).
 
     ``H = sum(((d - mean)/std)^2 / 2 + log(std))``. The Fisher metric is
@@ -26,27 +26,33 @@ def VariableCovarianceGaussian(data) -> Likelihood:
         Real data ``d``; the model must output ``(mean, std)`` shaped like it,
         with ``std > 0``.
     """
-    d = finite_data(data, "data")
-    if not isinstance(d, jax.Array) or jnp.iscomplexobj(d):
-        raise TypeError("VariableCovarianceGaussian data must be one real array")
-    sds = jax.ShapeDtypeStruct(d.shape, d.dtype)
 
-    def energy(s):
+    def __init__(self, data):
+        d = finite_data(data, "data")
+        if not isinstance(d, jax.Array) or jnp.iscomplexobj(d):
+            raise TypeError("VariableCovarianceGaussian data must be one real array")
+        sds = jax.ShapeDtypeStruct(d.shape, d.dtype)
+        self.data = d
+        self._finish_init((sds, sds), lsm_tangents_shape=(sds, sds))
+
+    def energy(self, s):
         mean, std = s
-        return jnp.sum(0.5 * ((d - mean) / std) ** 2 + jnp.log(std))
+        return jnp.sum(0.5 * ((self.data - mean) / std) ** 2 + jnp.log(std))
 
-    def metric(s, t):
+    def transformation(self, s):
+        return (s[0] / s[1], _SQRT2 * jnp.log(s[1]))
+
+    def metric(self, s, t):
         _, std = s
         return (t[0] / std**2, 2.0 * t[1] / std**2)
 
-    def lsm(s, e):
+    def left_sqrt_metric(self, s, e):
         _, std = s
         return (e[0] / std, _SQRT2 * e[1] / std)
 
-    lh = Likelihood(
-        energy, lambda s: (s[0] / s[1], _SQRT2 * jnp.log(s[1])), domain=(sds, sds),
-        metric=metric, left_sqrt_metric=lsm, lsm_tangents_shape=(sds, sds),
-        normalized_residual=lambda s: (d - s[0]) / s[1],
-    )
-    lh.data_leaves = {"VariableCovarianceGaussian": {"data": d}}  # checkpoint fingerprint
-    return lh
+    def normalized_residual(self, s):
+        return (self.data - s[0]) / s[1]
+
+    @property
+    def data_leaves(self):
+        return {"VariableCovarianceGaussian": {"data": self.data}}

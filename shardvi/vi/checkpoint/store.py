@@ -13,6 +13,7 @@ from jax import tree_util as jtu
 
 from ..diagnostics import IterationReport
 from ..samples import Samples
+from ..state import OptimizeVIState
 from .files import _INDEX, FORMAT, CheckpointError, _atomic_write, _sha256, _structure, check_path
 from .fingerprints import _fingerprint_differences
 from .index import _owned_files, _read_index
@@ -168,8 +169,6 @@ def load_checkpoint(directory, like_pos, *, fingerprint: dict = None, check_hist
         Missing/corrupted/invalid files, a checksum mismatch, a different
         structure, or (without ``force``) a different fingerprint.
     """
-    from ..optimize_kl import OptimizeVIState  # imported here: optimize_kl imports this package
-
     d = check_path(directory, "directory")
     meta = _read_index(d)
     expected = _structure(like_pos)

@@ -1,0 +1,39 @@
+"""Checks shared by the solver configurations (they run once, at construction)."""
+from __future__ import annotations
+
+import math
+
+__all__ = ["check_iters", "check_name", "check_tol"]
+
+
+def check_tol(owner: str, name: str, value, *, allow_none: bool = True, upper=None) -> None:
+    """``owner.name`` must be a finite number ``>= 0`` (``<= upper``), or None where allowed."""
+    if value is None:
+        if allow_none:
+            return
+        raise ValueError(f"{owner}.{name} must be a positive finite number, got None")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{owner}.{name} must be a float or None, got {type(value).__name__}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{owner}.{name} must be a finite number >= 0, got {value!r}")
+    if upper is not None and value > upper:
+        raise ValueError(f"{owner}.{name} must be <= {upper}, got {value!r}")
+
+
+def check_iters(owner: str, miniter, maxiter) -> None:
+    """``0 <= miniter <= maxiter``, ``maxiter >= 1``, both ints."""
+    for name, v in (("miniter", miniter), ("maxiter", maxiter)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{owner}.{name} must be an int, got {type(v).__name__}")
+    if miniter < 0:
+        raise ValueError(f"{owner}.miniter must be >= 0, got {miniter}")
+    if maxiter < 1:
+        raise ValueError(f"{owner}.maxiter must be >= 1, got {maxiter}")
+    if miniter > maxiter:
+        raise ValueError(f"{owner}.miniter ({miniter}) must be <= maxiter ({maxiter})")
+
+
+def check_name(owner: str, name) -> None:
+    """A logging name: str or None."""
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"{owner}.name must be a str or None, got {type(name).__name__}")
