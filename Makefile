@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install clean docs test-fast
+.PHONY: demo test install clean docs test-fast lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,17 @@ $(DOCS_STAMP): $(STAMP) pyproject.toml
 
 docs: $(DOCS_STAMP)  ## API reference and guides into site/ (mkdocs --strict: any warning fails)
 	$(PY) -m mkdocs build --strict
+
+LINT_STAMP := $(VENV)/.installed-lint
+
+$(LINT_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install --quiet -e '.[lint]'
+	touch $(LINT_STAMP)
+
+lint: $(LINT_STAMP)  ## ruff (lint + format check) and pyright (basic), configured in pyproject.toml
+	$(VENV)/bin/ruff check
+	$(VENV)/bin/ruff format --check
+	$(VENV)/bin/pyright
 
 demo: $(STAMP)
 	JAX_PLATFORMS=cpu $(PY) demos/correlated_field_2d.py --output demo_output/correlated_field_2d

@@ -4,6 +4,7 @@ Imported by the benchmark *children* in both the project venv and the separate
 NIFTy.re venv (``benchmarks/.venv-nifty``, which has shardvi installed too), so
 the forward model is literally the same Python code in both engines.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,6 +28,7 @@ def CompileStats():
     """
     import_shardvi()
     from shardvi.compilation import CompileCounter
+
     return CompileCounter()
 
 
@@ -48,6 +50,7 @@ def setup_jax(x64: bool = True):
     """CPU platform and float64 (both engines), before any JAX op."""
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
+
     jax.config.update("jax_enable_x64", x64)
     return jax
 
@@ -57,6 +60,7 @@ def import_shardvi():
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)
     import shardvi
+
     return shardvi
 
 
@@ -75,14 +79,22 @@ class Problem:
     def __init__(self, shape, noise_std=0.1, seed=42, link="exp", model="cf"):
         jax = setup_jax()
         import jax.numpy as jnp
+
         sv = import_shardvi()
         self.shape = tuple(int(s) for s in shape)
         self.model = model
         if model == "cf":
             cfm = sv.CorrelatedFieldMaker("cf")
             cfm.set_amplitude_total_offset(0.0, (0.5, 0.1))
-            cfm.add_fluctuations(self.shape, tuple(1.0 / s for s in self.shape), fluctuations=(1.0, 0.3),
-                                 loglogavgslope=(-3.0, 0.5), flexibility=(0.5, 0.2), asperity=None, prefix="ax")
+            cfm.add_fluctuations(
+                self.shape,
+                tuple(1.0 / s for s in self.shape),
+                fluctuations=(1.0, 0.3),
+                loglogavgslope=(-3.0, 0.5),
+                flexibility=(0.5, 0.2),
+                asperity=None,
+                prefix="ax",
+            )
             field = cfm.finalize()
         elif model == "pointwise":
             field = sv.Model(lambda xi: xi["xi"], {"xi": jax.ShapeDtypeStruct(self.shape, jnp.float64)})
@@ -91,9 +103,11 @@ class Problem:
         self.field = field
         self.domain = dict(field.domain)
         if link == "exp":
+
             def call(xi):
                 return jnp.exp(field(xi))
         elif link == "linear":
+
             def call(xi):
                 return field(xi)
         else:
@@ -125,11 +139,13 @@ class Problem:
             r = jax.vmap(normalized_residual)(stacked)
             chi2 = jnp.mean(jnp.sum(r.reshape(r.shape[0], -1) ** 2, axis=1)) / data.size
             return kl, chi2
+
         self.evaluate = evaluate
 
     def init(self, key):
         """A standard-normal latent (dict like ``domain``)."""
         import jax
+
         leaves, tree = jax.tree.flatten(self.domain)
         keys = jax.random.split(key, len(leaves))
         return jax.tree.unflatten(tree, [jax.random.normal(k, d.shape, d.dtype) for k, d in zip(keys, leaves)])
@@ -181,19 +197,20 @@ def fmt(x, spec=".3f"):
 def markdown_table(header, rows, align=None):
     """A GitHub markdown table; ``align``: string of 'l'/'r' per column."""
     align = align or ("l" + "r" * (len(header) - 1))
-    out = ["| " + " | ".join(header) + " |",
-           "|" + "|".join(":---" if a == "l" else "---:" for a in align) + "|"]
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(":---" if a == "l" else "---:" for a in align) + "|"]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(out)
 
 
 def machine_meta():
     import platform
+
     meta = dict(cpu_count=os.cpu_count(), python=platform.python_version(), machine=platform.machine())
     try:
         import jax
+
         meta["jax"] = jax.__version__
-    except Exception:  # pragma: no cover
+    except Exception:  # noqa: BLE001  # pragma: no cover -- metadata is best effort
         pass
     return meta
 

@@ -43,6 +43,7 @@ The parent polls each child's resident memory and kills it above
 ``PYTHONPATH=/path/to/other/checkout`` measures another shardvi (the child
 records the ``shardvi.__file__`` it imported).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,6 +76,7 @@ class _Compiles:
 
     def __init__(self):
         from jax import monitoring
+
         self.n, self.s, self.trace_lower_s = 0, 0.0, 0.0
         monitoring.register_event_duration_secs_listener(self._listener)
 
@@ -92,33 +94,42 @@ class _Compiles:
 def _import_shardvi():
     """``import shardvi``; with ``PYTHONPATH`` set, check that the package came from there."""
     import shardvi
+
     roots = [os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     here = os.path.realpath(shardvi.__file__)
     if roots and not any(here.startswith(r + os.sep) for r in roots):
         raise RuntimeError(f"imported shardvi from {here}, not from PYTHONPATH={os.environ['PYTHONPATH']}")
     return shardvi
+
+
 def build_problem(problem, size, noise_std=0.1, seed=42):
     """(likelihood, start position, number of data) of a problem; see the module docstring."""
     import jax
     import jax.numpy as jnp
 
     import shardvi as sv
+
     k_truth, k_noise, k_pos = jax.random.split(jax.random.PRNGKey(seed), 3)
     if problem == "pointwise":
         domain = {"xi": jax.ShapeDtypeStruct((size,), jnp.float64)}
 
         def signal(xi):
             return jnp.exp(0.5 * xi["xi"])
+
         model = sv.Model(signal, domain)
     elif problem == "cf":
         cfm = sv.CorrelatedFieldMaker("cf", dtype=jnp.float64)
         cfm.set_amplitude_total_offset(0.0, (0.1, 0.05))
-        cfm.add_fluctuations((size, size), 1.0 / size, fluctuations=(0.6, 0.1), loglogavgslope=(-2.0, 0.3),
-                             prefix="sky")
+        cfm.add_fluctuations(
+            (size, size), 1.0 / size, fluctuations=(0.6, 0.1), loglogavgslope=(-2.0, 0.3), prefix="sky"
+        )
         field = cfm.finalize()
 
-        def signal(xi):
-            return jnp.exp(field(xi))
+        def log_normal(f, xi):
+            return jnp.exp(f(xi))
+
+        # the field (a module) as an argument of a Partial: its grids are program inputs, not constants
+        signal = jax.tree_util.Partial(log_normal, field)
         model = sv.Model(signal, field.domain)
     else:
         raise ValueError(f"problem must be 'pointwise' or 'cf', got {problem!r}")
@@ -144,6 +155,7 @@ def _record_engine_calls():
         name = getattr(self.__wrapped__, "__name__", None) or repr(self.__wrapped__)
         calls.setdefault(name, (self, args, kwargs))
         return orig(self, *args, **kwargs)
+
     Placed.__call__ = call
     return calls
 
@@ -194,17 +206,36 @@ def child_main(args):
         jax.block_until_ready(samples.pos)
         times.append(time.perf_counter() - t0)
 
-    sv.optimize_kl(lh, position, key=jax.random.PRNGKey(1), n_total_iterations=1, n_samples=1,
-                   sample_mode="linear_resample", linear_sampling=lin, nonlinear_update=newton,
-                   kl_minimization=newton, callback=callback, progress=False)
+    sv.optimize_kl(
+        lh,
+        position,
+        key=jax.random.PRNGKey(1),
+        n_total_iterations=1,
+        n_samples=1,
+        sample_mode="linear_resample",
+        linear_sampling=lin,
+        nonlinear_update=newton,
+        kl_minimization=newton,
+        callback=callback,
+        progress=False,
+    )
     total = time.perf_counter() - t0
     end = cs.snapshot()
-    rec = {"problem": args.problem, "size": args.size, "n_data": n_data, "n_latent": int(n_latent),
-               "data_mib": 8 * n_data / 2**20, "shardvi_file": sv.__file__,
-               "compile_s": end["s"] - snap["s"], "n_compiles": end["n"] - snap["n"],
-               "trace_lower_s": end["trace_lower_s"] - snap["trace_lower_s"],
-               "first_s": times[0] if times else None, "optimize_kl_s": total,
-               "rss_base_mib": rss_base, "rss_peak_mib": C.peak_rss_mib()}
+    rec = {
+        "problem": args.problem,
+        "size": args.size,
+        "n_data": n_data,
+        "n_latent": int(n_latent),
+        "data_mib": 8 * n_data / 2**20,
+        "shardvi_file": sv.__file__,
+        "compile_s": end["s"] - snap["s"],
+        "n_compiles": end["n"] - snap["n"],
+        "trace_lower_s": end["trace_lower_s"] - snap["trace_lower_s"],
+        "first_s": times[0] if times else None,
+        "optimize_kl_s": total,
+        "rss_base_mib": rss_base,
+        "rss_peak_mib": C.peak_rss_mib(),
+    }
     if calls is not None:
         consts = largest_constants(calls)
         rec["max_constant_bytes"] = consts
@@ -228,8 +259,13 @@ def run_child(args_list, timeout, max_rss_mib):
     env = dict(os.environ)
     env.setdefault("JAX_PLATFORMS", "cpu")
     t0 = time.perf_counter()
-    p = subprocess.Popen([sys.executable, os.path.abspath(__file__), *args_list], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env)
+    p = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), *args_list],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     seen, why = 0.0, None
     while p.poll() is None:
         seen = max(seen, _rss_mib(p.pid))
@@ -252,8 +288,15 @@ def run_child(args_list, timeout, max_rss_mib):
     return rec
 
 
-_MEDIAN_KEYS = ("compile_s", "trace_lower_s", "first_s", "optimize_kl_s", "rss_peak_mib", "rss_base_mib",
-                "process_wall_s")
+_MEDIAN_KEYS = (
+    "compile_s",
+    "trace_lower_s",
+    "first_s",
+    "optimize_kl_s",
+    "rss_peak_mib",
+    "rss_base_mib",
+    "process_wall_s",
+)
 
 
 def _aggregate(runs):
@@ -267,12 +310,16 @@ def _aggregate(runs):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--problem", choices=("pointwise", "cf", "all"), default="all")
-    ap.add_argument("--sizes", default=None,
-                    help="comma-separated: data sizes n (pointwise) or grid sizes N (cf, N x N); "
-                         f"default pointwise {DEFAULT_SIZES['pointwise']}, cf {DEFAULT_SIZES['cf']}")
+    ap.add_argument(
+        "--sizes",
+        default=None,
+        help="comma-separated: data sizes n (pointwise) or grid sizes N (cf, N x N); "
+        f"default pointwise {DEFAULT_SIZES['pointwise']}, cf {DEFAULT_SIZES['cf']}",
+    )
     ap.add_argument("--cg-iters", type=int, default=5, help="sampling CG iterations / inner CG maxiter")
     ap.add_argument("--newton-iters", type=int, default=2, help="KL Newton steps")
     ap.add_argument("--repeats", type=int, default=1, help="processes per configuration (medians reported)")
@@ -291,16 +338,24 @@ def main(argv=None):
     problems = ("pointwise", "cf") if args.problem == "all" else (args.problem,)
     if args.sizes is not None and args.problem == "all":
         ap.error("--sizes needs a single --problem")
-    for opt, val in (("--cg-iters", args.cg_iters), ("--newton-iters", args.newton_iters),
-                     ("--repeats", args.repeats)):
+    for opt, val in (("--cg-iters", args.cg_iters), ("--newton-iters", args.newton_iters), ("--repeats", args.repeats)):
         if val < 1:
             ap.error(f"{opt} must be >= 1, got {val}")
     points = [(p, int(float(s))) for p in problems for s in (args.sizes or DEFAULT_SIZES[p]).split(",") if s]
     records, errors = [], []
     for problem, size in points:
         load_before = os.getloadavg()
-        child = ["--child", "--problem", problem, "--size", str(size), "--cg-iters", str(args.cg_iters),
-                 "--newton-iters", str(args.newton_iters)] + (["--no-constants"] if args.no_constants else [])
+        child = [
+            "--child",
+            "--problem",
+            problem,
+            "--size",
+            str(size),
+            "--cg-iters",
+            str(args.cg_iters),
+            "--newton-iters",
+            str(args.newton_iters),
+        ] + (["--no-constants"] if args.no_constants else [])
         runs = []
         for _ in range(args.repeats):
             runs.append(run_child(child, args.timeout, 1024 * args.max_rss_gib))
@@ -313,12 +368,21 @@ def main(argv=None):
             print(f"{problem} {size}: {rec['error'][-600:]}", file=sys.stderr, flush=True)
             continue
         records.append(rec)
-        print(json.dumps({k: rec[k] for k in ("problem", "size", "compile_s", "first_s", "rss_peak_mib",
-                                              "load_before")}), file=sys.stderr, flush=True)
-    meta = dict(C.machine_meta(), cg_iters=args.cg_iters, newton_iters=args.newton_iters, repeats=args.repeats,
-                pythonpath=os.environ.get("PYTHONPATH"),
-                command=" ".join([os.path.relpath(os.path.abspath(__file__), C.ROOT)]
-                                 + list(argv if argv is not None else sys.argv[1:])))
+        print(
+            json.dumps({k: rec[k] for k in ("problem", "size", "compile_s", "first_s", "rss_peak_mib", "load_before")}),
+            file=sys.stderr,
+            flush=True,
+        )
+    meta = dict(
+        C.machine_meta(),
+        cg_iters=args.cg_iters,
+        newton_iters=args.newton_iters,
+        repeats=args.repeats,
+        pythonpath=os.environ.get("PYTHONPATH"),
+        command=" ".join(
+            [os.path.relpath(os.path.abspath(__file__), C.ROOT)] + list(argv if argv is not None else sys.argv[1:])
+        ),
+    )
     C.write_json(args.json, {"meta": meta, "records": records, "errors": errors})
     print_table(meta, records, errors)
     return 1 if errors else 0
@@ -329,24 +393,67 @@ def _kib(x):
 
 
 def print_table(meta, records, errors):
-    print(f"\nshardvi optimize_kl, 1 iteration linear_resample, 1 pair, sampling CG {meta['cg_iters']} its, "
-          f"{meta['newton_iters']} KL Newton steps; {meta['cpu_count']} CPU cores; median of {meta['repeats']} "
-          f"process(es) per row; load = 1-min load average before the row\n")
-    header = ["problem", "size", "data", "data MiB", "compile s", "n", "trace+lower s", "first s", "RSS MiB",
-              "base MiB", "KL max const KiB", "max const KiB", "load"]
+    print(
+        f"\nshardvi optimize_kl, 1 iteration linear_resample, 1 pair, sampling CG {meta['cg_iters']} its, "
+        f"{meta['newton_iters']} KL Newton steps; {meta['cpu_count']} CPU cores; median of {meta['repeats']} "
+        f"process(es) per row; load = 1-min load average before the row\n"
+    )
+    header = [
+        "problem",
+        "size",
+        "data",
+        "data MiB",
+        "compile s",
+        "n",
+        "trace+lower s",
+        "first s",
+        "RSS MiB",
+        "base MiB",
+        "KL max const KiB",
+        "max const KiB",
+        "load",
+    ]
     rows = []
     for r in sorted(records + errors, key=lambda r: (r["problem"], r["size"])):
         size = f"{r['size']}²" if r["problem"] == "cf" else str(r["size"])
         load = f"{r['load_before'][0]:.2f}"
         if "error" in r:
-            rows.append([r["problem"], size, "-", "-", "-", "-", "-", "-",
-                         f"≥ {r['rss_seen_mib']:.0f}" if r.get("rss_seen_mib") else "-", "-", "-", "-", load])
+            rows.append(
+                [
+                    r["problem"],
+                    size,
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    f"≥ {r['rss_seen_mib']:.0f}" if r.get("rss_seen_mib") else "-",
+                    "-",
+                    "-",
+                    "-",
+                    load,
+                ]
+            )
             rows[-1][7] = r["error"].split(":")[0] if r["error"].startswith("exit") else r["error"]
             continue
-        rows.append([r["problem"], size, r["n_data"], C.fmt(r["data_mib"], ".1f"), C.fmt(r["compile_s"], ".1f"),
-                     r["n_compiles"], C.fmt(r["trace_lower_s"], ".1f"), C.fmt(r["first_s"], ".1f"),
-                     C.fmt(r["rss_peak_mib"], ".0f"), C.fmt(r["rss_base_mib"], ".0f"),
-                     _kib(r.get("kl_max_constant_bytes")), _kib(r.get("all_max_constant_bytes")), load])
+        rows.append(
+            [
+                r["problem"],
+                size,
+                r["n_data"],
+                C.fmt(r["data_mib"], ".1f"),
+                C.fmt(r["compile_s"], ".1f"),
+                r["n_compiles"],
+                C.fmt(r["trace_lower_s"], ".1f"),
+                C.fmt(r["first_s"], ".1f"),
+                C.fmt(r["rss_peak_mib"], ".0f"),
+                C.fmt(r["rss_base_mib"], ".0f"),
+                _kib(r.get("kl_max_constant_bytes")),
+                _kib(r.get("all_max_constant_bytes")),
+                load,
+            ]
+        )
     print(C.markdown_table(header, rows, align="ll" + "r" * (len(header) - 2)))
 
 

@@ -107,6 +107,7 @@ The NIFTy.re side runs in its own venv (``benchmarks/.venv-nifty``, made by
 editable, jax pinned to the project venv's version). If it cannot be
 installed the script prints ``skipped: ...`` and measures shardvi only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -118,10 +119,17 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common as C  # noqa: E402
+import _common as C
 
-SHARDVI_CONFIGS = ("vmap", "vmap-all", "vmap+plainjit", "vmap-all+plainjit", "shard_map-2cpu", "vmap+fusion",
-                   "shard_map-2cpu+fusion")
+SHARDVI_CONFIGS = (
+    "vmap",
+    "vmap-all",
+    "vmap+plainjit",
+    "vmap-all+plainjit",
+    "shard_map-2cpu",
+    "vmap+fusion",
+    "shard_map-2cpu+fusion",
+)
 NIFTY_BASE_CONFIGS = ("default", "jit-lmap", "jit-vmap", "jit-smap", "jit-pmap-2cpu")
 #: every NIFTy.re configuration also as ``<config>+classic``: XLA:CPU's classic emitters for all its programs
 NIFTY_CONFIGS = NIFTY_BASE_CONFIGS + tuple(c + "+classic" for c in NIFTY_BASE_CONFIGS)
@@ -132,9 +140,16 @@ CLASSIC_EMITTERS_FLAG = "--xla_cpu_use_fusion_emitters=false"
 
 # ================================================================================================ child
 def _solver_settings(args, n):
-    return dict(delta=args.delta, geovi_xtol=args.geovi_xtol, absdelta=args.delta * n / 10.0,
-                cg_maxiter=args.cg_maxiter, geovi_maxiter=args.geovi_maxiter, kl_maxiter=args.kl_maxiter, miniter=6,
-                inner_maxiter=200)
+    return dict(
+        delta=args.delta,
+        geovi_xtol=args.geovi_xtol,
+        absdelta=args.delta * n / 10.0,
+        cg_maxiter=args.cg_maxiter,
+        geovi_maxiter=args.geovi_maxiter,
+        kl_maxiter=args.kl_maxiter,
+        miniter=6,
+        inner_maxiter=200,
+    )
 
 
 def _sample_mode(n_linear):
@@ -143,6 +158,7 @@ def _sample_mode(n_linear):
 
 def child_shardvi(args, problem, clock):
     import jax
+
     sv = C.import_shardvi()
     if args.config.endswith("+plainjit"):
         # the module, not the function of the same name that shardvi.vi re-exports
@@ -167,23 +183,40 @@ def child_shardvi(args, problem, clock):
         build(self)
         for attr, stage in (("_draw_linear", "sampling"), ("_curve", "geovi"), ("_minimize", "kl")):
             setattr(self, attr, clock.timed(getattr(self, attr), stage))
+
     sv.OptimizeVI._build = timed_build
 
     def callback(samples, state):
         clock.tick(samples.pos)
         r = state.history[-1]
-        work.append(dict(kl_nit=r.kl_nit, kl_hessp=r.kl_cg_nit, sampling_cg=int(sum(r.sampling_nit)),
-                         geovi_nit=int(sum(r.nonlinear_nit)), engine_kl=r.kl_energy,
-                         kl_status=sv.minimizers.status_message(r.kl_status), stages=clock.take_stages()))
+        work.append(
+            dict(
+                kl_nit=r.kl_nit,
+                kl_hessp=r.kl_cg_nit,
+                sampling_cg=int(sum(r.sampling_nit)),
+                geovi_nit=int(sum(r.nonlinear_nit)),
+                engine_kl=r.kl_energy,
+                kl_status=sv.minimizers.status_message(r.kl_status),
+                stages=clock.take_stages(),
+            )
+        )
 
     clock.start()
     samples, state = sv.optimize_kl(
-        lh, problem.position, key=jax.random.PRNGKey(args.seed), n_total_iterations=args.iterations,
-        n_samples=args.samples, sample_mode=_sample_mode(args.linear_iterations),
+        lh,
+        problem.position,
+        key=jax.random.PRNGKey(args.seed),
+        n_total_iterations=args.iterations,
+        n_samples=args.samples,
+        sample_mode=_sample_mode(args.linear_iterations),
         linear_sampling=sv.CGConfig(tol=None, absdelta=s["absdelta"], miniter=s["miniter"], maxiter=s["cg_maxiter"]),
         nonlinear_update=sv.NewtonCGConfig(xtol=s["geovi_xtol"], maxiter=s["geovi_maxiter"], cg=inner),
         kl_minimization=sv.NewtonCGConfig(xtol=s["delta"], maxiter=s["kl_maxiter"], cg=inner),
-        sample_map=strategy, kl_map=strategy, callback=callback, compiler_options=options)
+        sample_map=strategy,
+        kl_map=strategy,
+        callback=callback,
+        compiler_options=options,
+    )
     return samples.samples, work
 
 
@@ -191,6 +224,7 @@ def child_nifty(args, problem, clock):
     import jax
     import nifty.re as jft
     import numpy as np
+
     call = problem.call
     model = jft.Model(lambda x: call(x.tree if isinstance(x, jft.Vector) else x), domain=jft.Vector(problem.domain))
     std = problem.noise_std
@@ -208,8 +242,11 @@ def child_nifty(args, problem, clock):
         draw["cg"] = jft.conjugate_gradient.static_cg
         curve["minimize"] = jft.optimize._static_newton_cg
     work = []
-    for attr, stage in (("draw_linear_samples", "sampling"), ("nonlinearly_update_samples", "geovi"),
-                        ("kl_minimize", "kl")):
+    for attr, stage in (
+        ("draw_linear_samples", "sampling"),
+        ("nonlinearly_update_samples", "geovi"),
+        ("kl_minimize", "kl"),
+    ):
         setattr(jft.OptimizeVI, attr, clock.timed(getattr(jft.OptimizeVI, attr), stage))
 
     def callback(samples, state):
@@ -217,16 +254,35 @@ def child_nifty(args, problem, clock):
         ms = state.minimization_state
         ss = state.sample_state
         geovi = int(np.sum(np.asarray(ss.nit))) if hasattr(ss, "nit") else 0
-        work.append(dict(kl_nit=int(ms.nit), kl_hessp=int(ms.nhev), sampling_cg=None, geovi_nit=geovi,
-                         engine_kl=float(ms.fun), kl_status=int(ms.status), stages=clock.take_stages()))
+        work.append(
+            dict(
+                kl_nit=int(ms.nit),
+                kl_hessp=int(ms.nhev),
+                sampling_cg=None,
+                geovi_nit=geovi,
+                engine_kl=float(ms.fun),
+                kl_status=int(ms.status),
+                stages=clock.take_stages(),
+            )
+        )
 
     import logging
+
     logging.getLogger("NIFTy.RE").setLevel(logging.WARNING)
     clock.start()
     samples, state = jft.optimize_kl(
-        lh, jft.Vector(problem.position), key=jax.random.PRNGKey(args.seed), n_total_iterations=args.iterations,
-        n_samples=args.samples, sample_mode=_sample_mode(args.linear_iterations), draw_linear_kwargs=draw,
-        nonlinearly_update_kwargs=curve, kl_kwargs=kl, callback=callback, **kw)
+        lh,
+        jft.Vector(problem.position),
+        key=jax.random.PRNGKey(args.seed),
+        n_total_iterations=args.iterations,
+        n_samples=args.samples,
+        sample_mode=_sample_mode(args.linear_iterations),
+        draw_linear_kwargs=draw,
+        nonlinearly_update_kwargs=curve,
+        kl_kwargs=kl,
+        callback=callback,
+        **kw,
+    )
     return samples.samples.tree, work
 
 
@@ -251,6 +307,7 @@ class Clock:
             jax.block_until_ready(jax.tree.leaves(out))
             self.stages[stage] = self.stages.get(stage, 0.0) + time.perf_counter() - t
             return out
+
         return wrapper
 
     def take_stages(self):
@@ -263,6 +320,7 @@ class Clock:
 
     def tick(self, pos):
         import jax
+
         jax.block_until_ready(pos)
         now, snap = time.perf_counter(), self.cs.snapshot()
         self.times.append(now - self.t)
@@ -292,23 +350,46 @@ def child_main(args):
     warm = [t for t, c in zip(times[1:], clock.compiles[1:]) if c == 0]
     # stage breakdown over the geoVI iterations after the first one (iterations linear+2 .. N, 1-based)
     late = list(range(args.linear_iterations + 1, len(work)))
-    stage_s = {st: (sum(work[i]["stages"].get(st, 0.0) for i in late) / len(late) if late else None)
-               for st in ("sampling", "geovi", "kl")}
+    stage_s = {
+        st: (sum(work[i]["stages"].get(st, 0.0) for i in late) / len(late) if late else None)
+        for st in ("sampling", "geovi", "kl")
+    }
     hessp = sum(work[i]["kl_hessp"] for i in late)
     kl_ms_per_hessp = 1e3 * sum(work[i]["stages"].get("kl", 0.0) for i in late) / hessp if hessp else None
-    rec = dict(engine=args.engine, config=args.config, shape=list(args.shape), n_latent=problem.n_latent,
-               n_data=problem.n_data, iter_s=times, iter_compiles=clock.compiles, iter_compile_s=clock.compile_s,
-               first_s=times[0], iter_median_s=C.median(later) if later else None,
-               warm_iter_s=C.median(warm), late_sampling_s=stage_s["sampling"], late_geovi_s=stage_s["geovi"],
-               late_kl_s=stage_s["kl"], late_compiles=sum(clock.compiles[i] for i in late),
-               kl_ms_per_hessp=kl_ms_per_hessp, total_s=total, compile_s=end["s"] - start["s"],
-               n_compiles=end["n"] - start["n"], recompiles=sum(clock.compiles[1:]),
-               trace_lower_s=end["trace_lower_s"] - start["trace_lower_s"],
-               rss_base_mib=rss_base, rss_peak_mib=C.peak_rss_mib(), kl=kl, chi2=chi2,
-               kl_nit=sum(w["kl_nit"] for w in work), kl_hessp=sum(w["kl_hessp"] for w in work),
-               geovi_nit=sum(w["geovi_nit"] for w in work),
-               sampling_cg=None if work and work[0]["sampling_cg"] is None else sum(w["sampling_cg"] for w in work),
-               engine_kl=work[-1]["engine_kl"] if work else None, work=work, jax=jax.__version__)
+    rec = dict(
+        engine=args.engine,
+        config=args.config,
+        shape=list(args.shape),
+        n_latent=problem.n_latent,
+        n_data=problem.n_data,
+        iter_s=times,
+        iter_compiles=clock.compiles,
+        iter_compile_s=clock.compile_s,
+        first_s=times[0],
+        iter_median_s=C.median(later) if later else None,
+        warm_iter_s=C.median(warm),
+        late_sampling_s=stage_s["sampling"],
+        late_geovi_s=stage_s["geovi"],
+        late_kl_s=stage_s["kl"],
+        late_compiles=sum(clock.compiles[i] for i in late),
+        kl_ms_per_hessp=kl_ms_per_hessp,
+        total_s=total,
+        compile_s=end["s"] - start["s"],
+        n_compiles=end["n"] - start["n"],
+        recompiles=sum(clock.compiles[1:]),
+        trace_lower_s=end["trace_lower_s"] - start["trace_lower_s"],
+        rss_base_mib=rss_base,
+        rss_peak_mib=C.peak_rss_mib(),
+        kl=kl,
+        chi2=chi2,
+        kl_nit=sum(w["kl_nit"] for w in work),
+        kl_hessp=sum(w["kl_hessp"] for w in work),
+        geovi_nit=sum(w["geovi_nit"] for w in work),
+        sampling_cg=None if work and work[0]["sampling_cg"] is None else sum(w["sampling_cg"] for w in work),
+        engine_kl=work[-1]["engine_kl"] if work else None,
+        work=work,
+        jax=jax.__version__,
+    )
     print(json.dumps(rec), flush=True)
 
 
@@ -325,7 +406,7 @@ def nifty_python(args):
     skipped = [ln for ln in p.stderr.splitlines() if ln.startswith("skipped:")]
     out = p.stdout.strip().splitlines()
     if skipped or p.returncode != 0 or not out or not os.path.exists(out[-1]):
-        return None, (skipped[-1][len("skipped:"):].strip() if skipped else f"exit {p.returncode}: {p.stderr[-500:]}")
+        return None, (skipped[-1][len("skipped:") :].strip() if skipped else f"exit {p.returncode}: {p.stderr[-500:]}")
     return out[-1], None
 
 
@@ -337,20 +418,65 @@ def child_env(engine, config):
 
 
 def child_args(args, engine, config):
-    a = ["--child", "--engine", engine, "--config", config, "--shape", ",".join(map(str, args.shape)),
-         "--samples", str(args.samples), "--iterations", str(args.iterations),
-         "--linear-iterations", str(args.linear_iterations), "--delta", repr(args.delta),
-         "--cg-maxiter", str(args.cg_maxiter), "--geovi-maxiter", str(args.geovi_maxiter),
-         "--geovi-xtol", repr(args.geovi_xtol),
-         "--kl-maxiter", str(args.kl_maxiter), "--seed", str(args.seed), "--noise-std", repr(args.noise_std),
-         "--link", args.link, "--model", args.model]
+    a = [
+        "--child",
+        "--engine",
+        engine,
+        "--config",
+        config,
+        "--shape",
+        ",".join(map(str, args.shape)),
+        "--samples",
+        str(args.samples),
+        "--iterations",
+        str(args.iterations),
+        "--linear-iterations",
+        str(args.linear_iterations),
+        "--delta",
+        repr(args.delta),
+        "--cg-maxiter",
+        str(args.cg_maxiter),
+        "--geovi-maxiter",
+        str(args.geovi_maxiter),
+        "--geovi-xtol",
+        repr(args.geovi_xtol),
+        "--kl-maxiter",
+        str(args.kl_maxiter),
+        "--seed",
+        str(args.seed),
+        "--noise-std",
+        repr(args.noise_std),
+        "--link",
+        args.link,
+        "--model",
+        args.model,
+    ]
     return a
 
 
-SUMMARY_KEYS = ("first_s", "iter_median_s", "warm_iter_s", "late_sampling_s", "late_geovi_s", "late_kl_s",
-                "late_compiles", "kl_ms_per_hessp", "total_s", "compile_s", "n_compiles", "recompiles",
-                "trace_lower_s", "rss_base_mib", "rss_peak_mib", "kl", "chi2", "kl_nit", "kl_hessp", "geovi_nit",
-                "sampling_cg")
+SUMMARY_KEYS = (
+    "first_s",
+    "iter_median_s",
+    "warm_iter_s",
+    "late_sampling_s",
+    "late_geovi_s",
+    "late_kl_s",
+    "late_compiles",
+    "kl_ms_per_hessp",
+    "total_s",
+    "compile_s",
+    "n_compiles",
+    "recompiles",
+    "trace_lower_s",
+    "rss_base_mib",
+    "rss_peak_mib",
+    "kl",
+    "chi2",
+    "kl_nit",
+    "kl_hessp",
+    "geovi_nit",
+    "sampling_cg",
+)
 
 
 def summarize(records):
@@ -362,8 +488,9 @@ def summarize(records):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--shape", default="128,128", help="grid shape, comma separated")
     ap.add_argument("--samples", type=int, default=4, help="antithetic sample pairs")
     ap.add_argument("--iterations", type=int, default=5, help="global iterations")
@@ -371,18 +498,29 @@ def main(argv=None):
     ap.add_argument("--delta", type=float, default=1e-4, help="NIFTy-demo tolerance scale (see docstring)")
     ap.add_argument("--cg-maxiter", type=int, default=100, help="sampling CG maxiter")
     ap.add_argument("--geovi-maxiter", type=int, default=5)
-    ap.add_argument("--geovi-xtol", type=float, default=0.0,
-                    help="geoVI Newton xtol (default 0: exactly --geovi-maxiter steps in both engines)")
+    ap.add_argument(
+        "--geovi-xtol",
+        type=float,
+        default=0.0,
+        help="geoVI Newton xtol (default 0: exactly --geovi-maxiter steps in both engines)",
+    )
     ap.add_argument("--kl-maxiter", type=int, default=10)
     ap.add_argument("--noise-std", type=float, default=0.1)
     ap.add_argument("--link", choices=("exp", "linear"), default="exp")
-    ap.add_argument("--model", choices=("cf", "pointwise"), default="cf",
-                    help="cf: correlated field; pointwise: signal = link(latent) (no FFTs, fast to compile)")
+    ap.add_argument(
+        "--model",
+        choices=("cf", "pointwise"),
+        default="cf",
+        help="cf: correlated field; pointwise: signal = link(latent) (no FFTs, fast to compile)",
+    )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--runs", type=int, default=3, help="fresh-process runs per configuration (medians)")
     ap.add_argument("--shardvi", default=",".join(SHARDVI_CONFIGS), help=f"shardvi configurations {SHARDVI_CONFIGS}")
-    ap.add_argument("--nifty", default=",".join(DEFAULT_NIFTY),
-                    help=f"NIFTy.re configurations {NIFTY_CONFIGS}; empty: skip NIFTy.re")
+    ap.add_argument(
+        "--nifty",
+        default=",".join(DEFAULT_NIFTY),
+        help=f"NIFTy.re configurations {NIFTY_CONFIGS}; empty: skip NIFTy.re",
+    )
     ap.add_argument("--nifty-python", default=None, help="interpreter with nifty installed (default: make the venv)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per child run")
     ap.add_argument("--smoke", action="store_true", help="tiny pointwise problem, 1 run, shardvi only (seconds)")
@@ -416,32 +554,58 @@ def main(argv=None):
     records = {(e, c): [] for e, c, _ in jobs}
     for run in range(args.runs):
         for engine, config, py in jobs:
-            rec = C.run_child(py, script, child_args(args, engine, config), timeout=args.timeout,
-                              env=child_env(engine, config))
+            rec = C.run_child(
+                py, script, child_args(args, engine, config), timeout=args.timeout, env=child_env(engine, config)
+            )
             rec.setdefault("engine", engine)
             rec.setdefault("config", config)
             rec["run"] = run
             records[(engine, config)].append(rec)
-            brief = {k: rec.get(k) for k in ("engine", "config", "run", "first_s", "iter_median_s", "compile_s",
-                                              "rss_peak_mib", "kl", "chi2", "error")}
+            brief = {
+                k: rec.get(k)
+                for k in (
+                    "engine",
+                    "config",
+                    "run",
+                    "first_s",
+                    "iter_median_s",
+                    "compile_s",
+                    "rss_peak_mib",
+                    "kl",
+                    "chi2",
+                    "error",
+                )
+            }
             print(json.dumps(brief), file=sys.stderr, flush=True)
     summary = {f"{e}/{c}": summarize(records[(e, c)]) for e, c, _ in jobs}
     nifty_rows = {k: v for k, v in summary.items() if k.startswith("nifty/") and v["iter_median_s"] is not None}
     fastest = min(nifty_rows, key=lambda k: nifty_rows[k]["iter_median_s"]) if nifty_rows else None
     ratio_keys = ("first_s", "iter_median_s", "warm_iter_s", "total_s", "compile_s", "rss_peak_mib")
-    for k, v in summary.items():
+    for v in summary.values():
         if fastest and v["iter_median_s"] is not None:
             ref = summary[fastest]
-            v["ratio_vs_nifty_fastest"] = {q: (v[q] / ref[q] if v[q] is not None and ref[q] else None)
-                                           for q in ratio_keys}
-    meta = dict(C.machine_meta(), shape=list(args.shape), samples=args.samples, iterations=args.iterations,
-                linear_iterations=args.linear_iterations, delta=args.delta, cg_maxiter=args.cg_maxiter,
-                geovi_maxiter=args.geovi_maxiter, geovi_xtol=args.geovi_xtol, kl_maxiter=args.kl_maxiter,
-                runs=args.runs, link=args.link, model=args.model,
-                nifty_fastest=fastest, nifty_skipped=skip_reason if not nifty_cfgs else None,
-                command=" ".join([os.path.relpath(script, C.ROOT)] + list(argv if argv is not None else sys.argv[1:])))
-    C.write_json(args.json, dict(meta=meta, summary=summary,
-                                 records={f"{e}/{c}": r for (e, c), r in records.items()}))
+            v["ratio_vs_nifty_fastest"] = {
+                q: (v[q] / ref[q] if v[q] is not None and ref[q] else None) for q in ratio_keys
+            }
+    meta = dict(
+        C.machine_meta(),
+        shape=list(args.shape),
+        samples=args.samples,
+        iterations=args.iterations,
+        linear_iterations=args.linear_iterations,
+        delta=args.delta,
+        cg_maxiter=args.cg_maxiter,
+        geovi_maxiter=args.geovi_maxiter,
+        geovi_xtol=args.geovi_xtol,
+        kl_maxiter=args.kl_maxiter,
+        runs=args.runs,
+        link=args.link,
+        model=args.model,
+        nifty_fastest=fastest,
+        nifty_skipped=skip_reason if not nifty_cfgs else None,
+        command=" ".join([os.path.relpath(script, C.ROOT)] + list(argv if argv is not None else sys.argv[1:])),
+    )
+    C.write_json(args.json, dict(meta=meta, summary=summary, records={f"{e}/{c}": r for (e, c), r in records.items()}))
     print_table(meta, summary, fastest)
     bad = [k for k, v in summary.items() if v["runs"] == 0]
     if bad:
@@ -453,29 +617,71 @@ def main(argv=None):
 def print_table(meta, summary, fastest):
     shape = "x".join(map(str, meta["shape"]))
     model = "correlated field" if meta["model"] == "cf" else "pointwise model"
-    print(f"\n{shape} {model}, {meta['link']} link, {meta['samples']} pairs, {meta['iterations']} iterations "
-          f"({meta['linear_iterations']} linear), medians of {meta['runs']} fresh-process runs; "
-          f"ratio = shardvi / NIFTy.re {fastest or '(none)'}; {meta['cpu_count']} CPU cores\n")
-    header = ["engine/config", "first s", "iter s", "warm s", "total s", "compile s", "#comp", "recomp",
-              "RSS MiB", "base MiB", "KL", "chi2", "KL nit/hessp", "geoVI nit", "iter ratio", "RSS ratio"]
+    print(
+        f"\n{shape} {model}, {meta['link']} link, {meta['samples']} pairs, {meta['iterations']} iterations "
+        f"({meta['linear_iterations']} linear), medians of {meta['runs']} fresh-process runs; "
+        f"ratio = shardvi / NIFTy.re {fastest or '(none)'}; {meta['cpu_count']} CPU cores\n"
+    )
+    header = [
+        "engine/config",
+        "first s",
+        "iter s",
+        "warm s",
+        "total s",
+        "compile s",
+        "#comp",
+        "recomp",
+        "RSS MiB",
+        "base MiB",
+        "KL",
+        "chi2",
+        "KL nit/hessp",
+        "geoVI nit",
+        "iter ratio",
+        "RSS ratio",
+    ]
     rows = []
     for k, v in summary.items():
         r = v.get("ratio_vs_nifty_fastest") or {}
-        rows.append([k, C.fmt(v["first_s"], ".2f"), C.fmt(v["iter_median_s"], ".3f"), C.fmt(v["warm_iter_s"], ".3f"),
-                     C.fmt(v["total_s"], ".1f"), C.fmt(v["compile_s"], ".1f"), C.fmt(v["n_compiles"], ".0f"),
-                     C.fmt(v["recompiles"], ".0f"), C.fmt(v["rss_peak_mib"], ".0f"), C.fmt(v["rss_base_mib"], ".0f"),
-                     C.fmt(v["kl"], ".1f"), C.fmt(v["chi2"], ".3f"),
-                     f"{C.fmt(v['kl_nit'], '.0f')}/{C.fmt(v['kl_hessp'], '.0f')}", C.fmt(v["geovi_nit"], ".0f"),
-                     C.fmt(r.get("iter_median_s"), ".2f"), C.fmt(r.get("rss_peak_mib"), ".2f")])
+        rows.append(
+            [
+                k,
+                C.fmt(v["first_s"], ".2f"),
+                C.fmt(v["iter_median_s"], ".3f"),
+                C.fmt(v["warm_iter_s"], ".3f"),
+                C.fmt(v["total_s"], ".1f"),
+                C.fmt(v["compile_s"], ".1f"),
+                C.fmt(v["n_compiles"], ".0f"),
+                C.fmt(v["recompiles"], ".0f"),
+                C.fmt(v["rss_peak_mib"], ".0f"),
+                C.fmt(v["rss_base_mib"], ".0f"),
+                C.fmt(v["kl"], ".1f"),
+                C.fmt(v["chi2"], ".3f"),
+                f"{C.fmt(v['kl_nit'], '.0f')}/{C.fmt(v['kl_hessp'], '.0f')}",
+                C.fmt(v["geovi_nit"], ".0f"),
+                C.fmt(r.get("iter_median_s"), ".2f"),
+                C.fmt(r.get("rss_peak_mib"), ".2f"),
+            ]
+        )
     print(C.markdown_table(header, rows))
     n_late = meta["iterations"] - meta["linear_iterations"] - 1
     if n_late > 0:
-        print(f"\nstage breakdown: mean seconds per iteration over the last {n_late} geoVI iterations "
-              f"(each stage blocks on its result); KL ms/hessp = KL-minimization time per KL-metric application\n")
+        print(
+            f"\nstage breakdown: mean seconds per iteration over the last {n_late} geoVI iterations "
+            f"(each stage blocks on its result); KL ms/hessp = KL-minimization time per KL-metric application\n"
+        )
         header = ["engine/config", "sampling s", "geoVI s", "KL s", "KL ms/hessp", "compiles in them"]
-        rows = [[k, C.fmt(v.get("late_sampling_s"), ".3f"), C.fmt(v.get("late_geovi_s"), ".3f"),
-                 C.fmt(v.get("late_kl_s"), ".3f"), C.fmt(v.get("kl_ms_per_hessp"), ".2f"),
-                 C.fmt(v.get("late_compiles"), ".0f")] for k, v in summary.items()]
+        rows = [
+            [
+                k,
+                C.fmt(v.get("late_sampling_s"), ".3f"),
+                C.fmt(v.get("late_geovi_s"), ".3f"),
+                C.fmt(v.get("late_kl_s"), ".3f"),
+                C.fmt(v.get("kl_ms_per_hessp"), ".2f"),
+                C.fmt(v.get("late_compiles"), ".0f"),
+            ]
+            for k, v in summary.items()
+        ]
         print(C.markdown_table(header, rows))
 
 

@@ -21,6 +21,7 @@ foldable): the cost of the reproducibility measures.
 Prints a table and (``--json``) writes the records. Forced CPU devices share the
 machine's cores, so this measures overheads, not multi-device speed-ups.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,7 +34,7 @@ import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
+import jax
 
 jax.config.update("jax_num_cpu_devices", 4)
 jax.config.update("jax_enable_x64", True)
@@ -62,6 +63,7 @@ class _PlainJit:
 
     def __enter__(self):
         import importlib
+
         # the module: ``import shardvi.vi.optimize_kl as okl`` would bind the function that shardvi.vi
         # re-exports under the submodule's name, and patching it would change nothing
         okl = importlib.import_module("shardvi.vi.optimize_kl")
@@ -79,19 +81,31 @@ def configurations():
     yield "vmap(plain jit)", 1, (sv.parallel.Vmap(), _PlainJit())
     yield "vmap(chunk=None)", 1, sv.parallel.Vmap(chunk_size=None)
     yield "lax_map", 1, sv.parallel.LaxMap()
-    for name, cls in (("pmap", sv.parallel.Pmap), ("shard_map", sv.parallel.ShardMap),
-                      ("jit", sv.parallel.JitSharding)):
+    for name, cls in (
+        ("pmap", sv.parallel.Pmap),
+        ("shard_map", sv.parallel.ShardMap),
+        ("jit", sv.parallel.JitSharding),
+    ):
         for n in (1, 2, 4):
             yield name, n, cls(devices=devs[:n])
     yield "shard_map(psum)", 4, sv.parallel.ShardMap(devices=devs[:4], reduce="psum")
 
 
 def run_one(problem, strategy, n_samples, iterations):
-    configs = dict(linear_sampling=sv.CGConfig(tol=1e-8, maxiter=200),
-                   nonlinear_update=sv.NewtonCGConfig(xtol=1e-8, maxiter=10),
-                   kl_minimization=sv.NewtonCGConfig(xtol=1e-8, maxiter=10))
-    opt = sv.OptimizeVI(problem.likelihood, iterations + 1, n_samples=n_samples, sample_mode="nonlinear_resample",
-                        sample_map=strategy, kl_map=strategy, **configs)
+    configs = dict(
+        linear_sampling=sv.CGConfig(tol=1e-8, maxiter=200),
+        nonlinear_update=sv.NewtonCGConfig(xtol=1e-8, maxiter=10),
+        kl_minimization=sv.NewtonCGConfig(xtol=1e-8, maxiter=10),
+    )
+    opt = sv.OptimizeVI(
+        problem.likelihood,
+        iterations + 1,
+        n_samples=n_samples,
+        sample_mode="nonlinear_resample",
+        sample_map=strategy,
+        kl_map=strategy,
+        **configs,
+    )
     samples = sv.Samples(problem.position, jax.tree.map(lambda p: p[None][:0], problem.position), None)
     state = opt.init_state(jax.random.PRNGKey(0))
     n0, s0 = _COMPILE["n"], _COMPILE["s"]
@@ -107,8 +121,14 @@ def run_one(problem, strategy, n_samples, iterations):
         jax.block_until_ready(samples.pos)
         times.append(time.perf_counter() - t)
     arrays = [np.asarray(x) for x in jax.tree.leaves((samples.pos, samples.residuals))]
-    return dict(first_s=first, compile_s=_COMPILE["s"] - s0, n_compiles=_COMPILE["n"] - n0,
-                recompiles=_COMPILE["n"] - n1, iter_median_s=statistics.median(times), iter_s=times), arrays
+    return dict(
+        first_s=first,
+        compile_s=_COMPILE["s"] - s0,
+        n_compiles=_COMPILE["n"] - n0,
+        recompiles=_COMPILE["n"] - n1,
+        iter_median_s=statistics.median(times),
+        iter_s=times,
+    ), arrays
 
 
 def main(argv=None):
@@ -126,24 +146,40 @@ def main(argv=None):
             rec, arrays = run_one(problem, strategy, args.samples, args.iterations)
         if ref_arrays is None:
             ref_arrays, ref_time = arrays, rec["iter_median_s"]
-        rec.update(strategy=name, devices=n_dev, ratio=rec["iter_median_s"] / ref_time,
-                   bitwise=all(np.array_equal(a, b) for a, b in zip(arrays, ref_arrays)))
+        rec.update(
+            strategy=name,
+            devices=n_dev,
+            ratio=rec["iter_median_s"] / ref_time,
+            bitwise=all(np.array_equal(a, b) for a, b in zip(arrays, ref_arrays)),
+        )
         records.append(rec)
         print(json.dumps(rec), flush=True)
-    meta = dict(npix=args.npix, n_samples=args.samples, timed_iterations=args.iterations,
-                jax=jax.__version__, platform=jax.devices()[0].platform, cpu_count=os.cpu_count())
+    meta = dict(
+        npix=args.npix,
+        n_samples=args.samples,
+        timed_iterations=args.iterations,
+        jax=jax.__version__,
+        platform=jax.devices()[0].platform,
+        cpu_count=os.cpu_count(),
+    )
     print(json.dumps({"meta": meta}))
     print()
-    print(f"lognormal_1d npix={args.npix}, {args.samples} pairs, nonlinear_resample; median of {args.iterations} "
-          f"iterations; {os.cpu_count()} CPU cores shared by all forced devices")
-    head = f"{'strategy':<17}{'dev':>4}{'first s':>9}{'compile s':>10}{'#comp':>6}{'recomp':>7}" \
-           f"{'iter s':>9}{'ratio':>7}  bitwise"
+    print(
+        f"lognormal_1d npix={args.npix}, {args.samples} pairs, nonlinear_resample; median of {args.iterations} "
+        f"iterations; {os.cpu_count()} CPU cores shared by all forced devices"
+    )
+    head = (
+        f"{'strategy':<17}{'dev':>4}{'first s':>9}{'compile s':>10}{'#comp':>6}{'recomp':>7}"
+        f"{'iter s':>9}{'ratio':>7}  bitwise"
+    )
     print(head)
     print("-" * len(head))
     for r in records:
-        print(f"{r['strategy']:<17}{r['devices']:>4}{r['first_s']:>9.2f}{r['compile_s']:>10.2f}"
-              f"{r['n_compiles']:>6}{r['recompiles']:>7}{r['iter_median_s']:>9.3f}{r['ratio']:>7.2f}  "
-              f"{'yes' if r['bitwise'] else 'no'}")
+        print(
+            f"{r['strategy']:<17}{r['devices']:>4}{r['first_s']:>9.2f}{r['compile_s']:>10.2f}"
+            f"{r['n_compiles']:>6}{r['recompiles']:>7}{r['iter_median_s']:>9.3f}{r['ratio']:>7.2f}  "
+            f"{'yes' if r['bitwise'] else 'no'}"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "records": records}, f, indent=2)

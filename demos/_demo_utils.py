@@ -5,6 +5,7 @@ as ``python demos/NAME.py``; the scripts add it themselves otherwise). This
 module imports neither JAX nor shardvi at import time: the scripts parse their
 arguments (and answer ``--help``) with it before they import JAX.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,26 +15,59 @@ import sys
 
 import numpy as np
 
-__all__ = ["add_common_flags", "check_common", "check_positive", "setup_devices", "make_strategy",
-           "diff_stats", "coverage", "setup_logging", "png_path", "parse_or_exit", "run_main", "progress"]
+__all__ = [
+    "add_common_flags",
+    "check_common",
+    "check_positive",
+    "setup_devices",
+    "make_strategy",
+    "diff_stats",
+    "coverage",
+    "setup_logging",
+    "png_path",
+    "parse_or_exit",
+    "run_main",
+    "progress",
+]
 
 
-def add_common_flags(ap: argparse.ArgumentParser, *, samples: int, iterations: int, seed: int, output: str,
-                     strategy: str = "vmap", devices: int = 1) -> None:
+def add_common_flags(
+    ap: argparse.ArgumentParser,
+    *,
+    samples: int,
+    iterations: int,
+    seed: int,
+    output: str,
+    strategy: str = "vmap",
+    devices: int = 1,
+) -> None:
     """``--n-samples --iterations --strategy --devices --seed --output`` with the given defaults."""
-    ap.add_argument("--n-samples", type=int, default=samples,
-                    help=f"antithetic sample pairs per iteration (default {samples})")
-    ap.add_argument("--iterations", type=int, default=iterations,
-                    help=f"global MGVI/geoVI iterations (default {iterations})")
-    ap.add_argument("--strategy", default=strategy, metavar="NAME",
-                    help=f"sample_map/kl_map strategy: a name registered in shardvi.parallel, e.g. vmap, lax_map, "
-                         f"shard_map, pmap or jit ('python -m shardvi strategies' lists them; default {strategy})")
-    ap.add_argument("--devices", type=int, default=devices,
-                    help=f"number of devices; on CPU that many are forced (default {devices})")
+    ap.add_argument(
+        "--n-samples", type=int, default=samples, help=f"antithetic sample pairs per iteration (default {samples})"
+    )
+    ap.add_argument(
+        "--iterations", type=int, default=iterations, help=f"global MGVI/geoVI iterations (default {iterations})"
+    )
+    ap.add_argument(
+        "--strategy",
+        default=strategy,
+        metavar="NAME",
+        help=f"sample_map/kl_map strategy: a name registered in shardvi.parallel, e.g. vmap, lax_map, "
+        f"shard_map, pmap or jit ('python -m shardvi strategies' lists them; default {strategy})",
+    )
+    ap.add_argument(
+        "--devices",
+        type=int,
+        default=devices,
+        help=f"number of devices; on CPU that many are forced (default {devices})",
+    )
     ap.add_argument("--seed", type=int, default=seed, help=f"seed of truth, noise and samples (default {seed})")
     ap.add_argument("--output", default=output, help=f"folder for the PNG figures (default {output})")
-    ap.add_argument("--quiet", action="store_true",
-                    help="no progress (bar on a terminal, one line per iteration otherwise) on stderr")
+    ap.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress (bar on a terminal, one line per iteration otherwise) on stderr",
+    )
 
 
 def progress(quiet: bool):
@@ -81,8 +115,7 @@ def check_linear_iterations(args) -> None:
     """``--linear-iterations`` an int in ``[0, --iterations]`` (``ValueError`` naming the flag)."""
     check_positive(args.linear_iterations, "--linear-iterations", minimum=0)
     if args.linear_iterations > args.iterations:
-        raise ValueError(f"--linear-iterations ({args.linear_iterations}) must be <= --iterations "
-                         f"({args.iterations})")
+        raise ValueError(f"--linear-iterations ({args.linear_iterations}) must be <= --iterations ({args.iterations})")
 
 
 def check_common(args) -> None:
@@ -105,16 +138,19 @@ def setup_devices(n: int, flag: str = "--devices"):
     process, so in a process that already runs JAX the existing devices are used.
     """
     import jax
+
     if os.environ.get("JAX_PLATFORMS", "cpu") in ("cpu", ""):
         try:
             if n > 1:
                 jax.config.update("jax_num_cpu_devices", n)
         except RuntimeError:
-            pass        # backend already initialized: use what exists
+            pass  # backend already initialized: use what exists
     devices = jax.devices()
     if len(devices) < n:
-        raise ValueError(f"{flag}={n} but only {len(devices)} {devices[0].platform} device(s) exist; on CPU "
-                         f"run the demo in a fresh process (devices are forced before the first JAX op)")
+        raise ValueError(
+            f"{flag}={n} but only {len(devices)} {devices[0].platform} device(s) exist; on CPU "
+            f"run the demo in a fresh process (devices are forced before the first JAX op)"
+        )
     return list(devices[:n])
 
 
@@ -125,6 +161,7 @@ def make_strategy(name: str, devices):
     (:func:`shardvi.parallel.strategy_names`) is not read while parsing.
     """
     from shardvi import parallel
+
     if name not in parallel.strategy_names():
         raise ValueError(f"--strategy must be one of {parallel.strategy_names()}, got {name!r}")
     try:
@@ -138,8 +175,11 @@ def diff_stats(a, b) -> dict:
     a, b = np.asarray(a), np.asarray(b)
     abs_ = float(np.max(np.abs(a - b))) if a.size else 0.0
     scale = float(np.max(np.abs(b))) if b.size else 0.0
-    return {"max_abs": abs_, "max_rel": abs_ / scale if scale > 0 else abs_,
-            "bitwise_equal": bool(np.array_equal(a, b))}
+    return {
+        "max_abs": abs_,
+        "max_rel": abs_ / scale if scale > 0 else abs_,
+        "bitwise_equal": bool(np.array_equal(a, b)),
+    }
 
 
 def coverage(truth, mean, std, k: float = 2.0, where=None) -> float:

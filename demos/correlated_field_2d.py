@@ -24,6 +24,7 @@ Checks (the script exits with status 1 and says which failed):
 
     python demos/correlated_field_2d.py --npix 64 --n-samples 10 --iterations 8 --output out/
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,7 @@ def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--npix", type=int, default=64, help="pixels per axis (default 64)")
     ap.add_argument("--noise-std", type=float, default=0.2, help="Gaussian noise std (default 0.2)")
-    ap.add_argument("--linear-iterations", type=int, default=2,
-                    help="leading MGVI iterations before geoVI (default 2)")
+    ap.add_argument("--linear-iterations", type=int, default=2, help="leading MGVI iterations before geoVI (default 2)")
     du.add_common_flags(ap, samples=10, iterations=8, seed=0, output="demo_output/correlated_field_2d")
     args = ap.parse_args(argv)
     du.check_common(args)
@@ -73,6 +73,11 @@ CHI2_TOL = 0.1
 COVERAGE_MIN = 0.9
 
 
+def observe(response, field, xi):
+    """``response(exp(field(xi)))``: the sky ``exp(f)`` seen through the instrument."""
+    return response(jnp.exp(field(xi)))
+
+
 class Problem:
     """The flagship reconstruction problem (also used by ``multi_device_comparison.py``).
 
@@ -95,13 +100,17 @@ class Problem:
 
     def __init__(self, npix: int, seed: int, noise_std: float = 0.2):
         du.check_positive(npix, "--npix", minimum=8)
-        if isinstance(noise_std, bool) or not isinstance(noise_std, (int, float)) \
-                or not (np.isfinite(noise_std) and noise_std > 0):
+        if (
+            isinstance(noise_std, bool)
+            or not isinstance(noise_std, (int, float))
+            or not (np.isfinite(noise_std) and noise_std > 0)
+        ):
             raise ValueError(f"noise_std (--noise-std) must be a positive finite float, got {noise_std!r}")
         cfm = sv.CorrelatedFieldMaker("cf", dtype=jnp.float64)
         cfm.set_amplitude_total_offset(0.0, (0.1, 0.05))
-        cfm.add_fluctuations((npix, npix), 1.0 / npix, fluctuations=(0.6, 0.1), loglogavgslope=(-2.0, 0.3),
-                             prefix="sky")
+        cfm.add_fluctuations(
+            (npix, npix), 1.0 / npix, fluctuations=(0.6, 0.1), loglogavgslope=(-2.0, 0.3), prefix="sky"
+        )
         self.field = cfm.finalize()
         self.npix, self.noise_std = npix, noise_std
         self.mask = make_mask(npix, np.random.default_rng(seed))
@@ -111,7 +120,9 @@ class Problem:
         self.truth = np.asarray(self.sky(self.xi_true))
         noise = noise_std * np.asarray(jax.random.normal(k_noise, (self.response.size,), jnp.float64))
         self.data = np.asarray(self.response(self.truth)) + noise
-        model = sv.Model(lambda xi: self.response(self.sky(xi)), self.field.domain)
+        # a Partial of the response and the field (modules): their arrays are arguments of the compiled
+        # steps, not constants (a lambda closing over self would hide them from JAX)
+        model = sv.Model(jax.tree_util.Partial(observe, self.response, self.field), self.field.domain)
         self.likelihood = sv.Gaussian(jnp.asarray(self.data), noise_std=noise_std).amend(model)
 
     def sky(self, xi):
@@ -133,9 +144,9 @@ def make_mask(npix: int, rng) -> np.ndarray:
     """Observed pixels: a rectangular and a circular gap, and 15 % of the rest dropped at random."""
     mask = rng.random((npix, npix)) >= 0.15
     a, b = npix // 8, npix // 8 + npix // 4
-    mask[a:b, npix // 2: npix // 2 + npix // 3] = False                 # rectangular gap
+    mask[a:b, npix // 2 : npix // 2 + npix // 3] = False  # rectangular gap
     x, y = np.meshgrid(np.arange(npix), np.arange(npix), indexing="ij")
-    mask[(x - 0.65 * npix) ** 2 + (y - 0.3 * npix) ** 2 < (npix / 7) ** 2] = False   # circular gap
+    mask[(x - 0.65 * npix) ** 2 + (y - 0.3 * npix) ** 2 < (npix / 7) ** 2] = False  # circular gap
     return mask
 
 
@@ -146,23 +157,36 @@ def solver_configs():
     ``xtol`` bounds the step's mean absolute entry over *all* latent entries, which the
     thousands of field excitations make tiny while the few hyperparameters still move.
     """
-    return dict(linear_sampling=sv.CGConfig(tol=1e-4, maxiter=1000),
-                nonlinear_update=sv.NewtonCGConfig(xtol=1e-5, maxiter=8, cg=sv.CGConfig(tol=0.5, maxiter=100)),
-                kl_minimization=sv.NewtonCGConfig(xtol=None, absdelta=0.01, maxiter=30,
-                                                  cg=sv.CGConfig(tol=0.5, maxiter=200)))
+    return dict(
+        linear_sampling=sv.CGConfig(tol=1e-4, maxiter=1000),
+        nonlinear_update=sv.NewtonCGConfig(xtol=1e-5, maxiter=8, cg=sv.CGConfig(tol=0.5, maxiter=100)),
+        kl_minimization=sv.NewtonCGConfig(xtol=None, absdelta=0.01, maxiter=30, cg=sv.CGConfig(tol=0.5, maxiter=200)),
+    )
 
 
-def reconstruct(problem: Problem, *, n_samples: int, iterations: int, linear_iterations: int, seed: int,
-                strategy, progress="auto"):
+def reconstruct(
+    problem: Problem, *, n_samples: int, iterations: int, linear_iterations: int, seed: int, strategy, progress="auto"
+):
     """MGVI (``linear_resample``) for ``linear_iterations``, then geoVI (``nonlinear_resample``).
 
     ``progress`` is that of :func:`shardvi.optimize_kl`.
     """
+
     def mode(i):
         return "linear_resample" if i < linear_iterations else "nonlinear_resample"
-    return sv.optimize_kl(problem.likelihood, problem.initial_position(seed), key=jax.random.PRNGKey(seed + 1),
-                          n_total_iterations=iterations, n_samples=n_samples, sample_mode=mode,
-                          sample_map=strategy, kl_map=strategy, progress=progress, **solver_configs())
+
+    return sv.optimize_kl(
+        problem.likelihood,
+        problem.initial_position(seed),
+        key=jax.random.PRNGKey(seed + 1),
+        n_total_iterations=iterations,
+        n_samples=n_samples,
+        sample_mode=mode,
+        sample_map=strategy,
+        kl_map=strategy,
+        progress=progress,
+        **solver_configs(),
+    )
 
 
 def check(chi2: float, coverage: float) -> list:
@@ -183,9 +207,15 @@ def main(argv=None, *, args=None) -> int:
     strategy = du.make_strategy(args.strategy, devices)
     t0 = time.perf_counter()
     problem = Problem(args.npix, args.seed, args.noise_std)
-    samples, state = reconstruct(problem, n_samples=args.n_samples, iterations=args.iterations,
-                                 linear_iterations=args.linear_iterations, seed=args.seed, strategy=strategy,
-                                 progress=du.progress(args.quiet))
+    samples, state = reconstruct(
+        problem,
+        n_samples=args.n_samples,
+        iterations=args.iterations,
+        linear_iterations=args.linear_iterations,
+        seed=args.seed,
+        strategy=strategy,
+        progress=du.progress(args.quiet),
+    )
     wall = time.perf_counter() - t0
 
     sky_samples = np.asarray(samples.map(problem.sky))
@@ -197,27 +227,42 @@ def main(argv=None, *, args=None) -> int:
     corr = float(np.corrcoef(np.log(mean).ravel(), np.log(problem.truth).ravel())[0, 1])
 
     print(sv.minisanity(samples, problem.likelihood))
-    print(f"grid {args.npix}x{args.npix}, {problem.mask.sum()} observed pixels "
-          f"({100 * problem.mask.mean():.0f} %), {len(samples)} samples, strategy {args.strategy} on "
-          f"{len(devices)} device(s)")
-    print(f"reduced chi^2 of the likelihood residual (per-sample, noise-normalized): {chi2:.4f} "
-          f"(required 1 +- {CHI2_TOL})")
-    print(f"truth within posterior mean +- 2 std: {100 * cov_all:.1f} % of all pixels "
-          f"(required >= {100 * COVERAGE_MIN:.0f} %), {100 * cov_obs:.1f} % of observed pixels")
+    print(
+        f"grid {args.npix}x{args.npix}, {problem.mask.sum()} observed pixels "
+        f"({100 * problem.mask.mean():.0f} %), {len(samples)} samples, strategy {args.strategy} on "
+        f"{len(devices)} device(s)"
+    )
+    print(
+        f"reduced chi^2 of the likelihood residual (per-sample, noise-normalized): {chi2:.4f} "
+        f"(required 1 +- {CHI2_TOL})"
+    )
+    print(
+        f"truth within posterior mean +- 2 std: {100 * cov_all:.1f} % of all pixels "
+        f"(required >= {100 * COVERAGE_MIN:.0f} %), {100 * cov_obs:.1f} % of observed pixels"
+    )
     print(f"correlation of log posterior mean with log truth: {corr:.4f}")
     print(f"wall time {wall:.1f} s (including compilation)")
 
     out = args.output
-    plot.plot_reconstruction(mean, std, truth=problem.truth, data=problem.data_image(),
-                             title=f"log-normal correlated field {args.npix}x{args.npix} (MGVI + geoVI)",
-                             path=du.png_path(out, "reconstruction.png"))
-    plot.plot_samples(sky_samples, truth=problem.truth, title="posterior samples of the sky",
-                      path=du.png_path(out, "samples.png"))
+    plot.plot_reconstruction(
+        mean,
+        std,
+        truth=problem.truth,
+        data=problem.data_image(),
+        title=f"log-normal correlated field {args.npix}x{args.npix} (MGVI + geoVI)",
+        path=du.png_path(out, "reconstruction.png"),
+    )
+    plot.plot_samples(
+        sky_samples, truth=problem.truth, title="posterior samples of the sky", path=du.png_path(out, "samples.png")
+    )
     spectra = np.asarray(samples.map(problem.field.power_spectrum))
-    plot.plot_power_spectra(problem.field.k_lengths[0], spectra,
-                            truth=np.asarray(problem.field.power_spectrum(problem.xi_true)),
-                            title="power spectrum of log-sky: posterior samples vs truth",
-                            path=du.png_path(out, "power_spectrum.png"))
+    plot.plot_power_spectra(
+        problem.field.k_lengths[0],
+        spectra,
+        truth=np.asarray(problem.field.power_spectrum(problem.xi_true)),
+        title="power spectrum of log-sky: posterior samples vs truth",
+        path=du.png_path(out, "power_spectrum.png"),
+    )
     plot.plot_convergence(state.history, path=du.png_path(out, "convergence.png"))
     print(f"figures written to {out}/")
 

@@ -16,6 +16,7 @@ their tolerances, so the check is that the posterior means differ by less than
 
     python demos/multi_device_comparison.py --devices 4 --strategy shard_map --output out/
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,7 @@ if _HERE not in sys.path:  # sibling modules (_demo_utils, the flagship) when im
 import _demo_utils as du  # noqa: E402
 
 MULTI_DEVICE_NAMES = ("shard_map", "pmap", "jit")
-REDUCE_MODES = ("fixed", "psum")   # = shardvi.parallel.REDUCE_MODES (tests/test_demos.py checks)
+REDUCE_MODES = ("fixed", "psum")  # = shardvi.parallel.REDUCE_MODES (tests/test_demos.py checks)
 PSUM_STD_FRACTION = 0.05
 
 
@@ -40,12 +41,18 @@ def parse(argv=None):
     """Command-line flags (checked; ``ValueError`` naming the flag). Needs neither JAX nor shardvi."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--npix", type=int, default=48, help="pixels per axis (default 48)")
-    ap.add_argument("--linear-iterations", type=int, default=2,
-                    help="leading MGVI iterations before geoVI (default 2)")
+    ap.add_argument("--linear-iterations", type=int, default=2, help="leading MGVI iterations before geoVI (default 2)")
     ap.add_argument("--reduce", default="fixed", help="'fixed' (reproducible, default) or 'psum'")
     ap.add_argument("--chunk-size", type=int, default=1, help="samples per vectorized step per device (default 1)")
-    du.add_common_flags(ap, samples=4, iterations=3, seed=0, output="demo_output/multi_device_comparison",
-                        strategy="shard_map", devices=4)
+    du.add_common_flags(
+        ap,
+        samples=4,
+        iterations=3,
+        seed=0,
+        output="demo_output/multi_device_comparison",
+        strategy="shard_map",
+        devices=4,
+    )
     args = ap.parse_args(argv)
     if args.strategy not in MULTI_DEVICE_NAMES:
         raise ValueError(f"--strategy must be a multi-device strategy {MULTI_DEVICE_NAMES}, got {args.strategy!r}")
@@ -67,6 +74,7 @@ import jax  # noqa: E402
 jax.config.update("jax_enable_x64", True)
 
 import correlated_field_2d as flagship  # noqa: E402
+
 from shardvi import parallel  # noqa: E402
 
 MULTI_DEVICE = {"shard_map": parallel.ShardMap, "pmap": parallel.Pmap, "jit": parallel.JitSharding}
@@ -76,21 +84,27 @@ def run(problem, devices, args):
     """One reconstruction on ``devices``; returns flat latent samples, sky mean/std, KL energies, seconds."""
     strategy = MULTI_DEVICE[args.strategy](devices=tuple(devices), chunk_size=args.chunk_size, reduce=args.reduce)
     t0 = time.perf_counter()
-    samples, state = flagship.reconstruct(problem, n_samples=args.n_samples, iterations=args.iterations,
-                                          linear_iterations=args.linear_iterations, seed=args.seed,
-                                          strategy=strategy, progress=du.progress(args.quiet))
+    samples, state = flagship.reconstruct(
+        problem,
+        n_samples=args.n_samples,
+        iterations=args.iterations,
+        linear_iterations=args.linear_iterations,
+        seed=args.seed,
+        strategy=strategy,
+        progress=du.progress(args.quiet),
+    )
     sky = np.asarray(samples.map(problem.sky))
-    flat = np.concatenate([np.asarray(x).reshape(len(samples), -1) for x in jax.tree.leaves(samples.samples)],
-                          axis=1)
+    flat = np.concatenate([np.asarray(x).reshape(len(samples), -1) for x in jax.tree.leaves(samples.samples)], axis=1)
     kl = np.asarray([r.kl_energy for r in state.history])
-    return dict(samples=flat, mean=sky.mean(0), std=sky.std(0, ddof=1), kl_energy=kl,
-                time=time.perf_counter() - t0)
+    return dict(samples=flat, mean=sky.mean(0), std=sky.std(0, ddof=1), kl_energy=kl, time=time.perf_counter() - t0)
 
 
 def plot_comparison(one, many, n, title, path):
     """Posterior mean and std on 1 and N devices and the differences (N minus 1)."""
     import matplotlib.pyplot as plt
+
     from shardvi import plot
+
     fig, axes = plt.subplots(2, 3, figsize=(11.5, 7))
     for row, key in enumerate(("mean", "std")):
         a, b = one[key], many[key]
@@ -98,10 +112,16 @@ def plot_comparison(one, many, n, title, path):
         d = b - a
         lim = max(float(np.max(np.abs(d))), float(np.spacing(np.max(np.abs(a)))))  # >= 1 ulp
         for ax, img, title, kw, fmt in (
-                (axes[row, 0], a, f"posterior {key}, 1 device", dict(vmin=lo, vmax=hi), None),
-                (axes[row, 1], b, f"posterior {key}, {n} devices", dict(vmin=lo, vmax=hi), None),
-                (axes[row, 2], d, f"{key} difference ({n} dev - 1 dev)\nmax |diff| = {np.max(np.abs(d)):.2g}",
-                 dict(vmin=-lim, vmax=lim, cmap="RdBu_r"), "%.1e")):
+            (axes[row, 0], a, f"posterior {key}, 1 device", dict(vmin=lo, vmax=hi), None),
+            (axes[row, 1], b, f"posterior {key}, {n} devices", dict(vmin=lo, vmax=hi), None),
+            (
+                axes[row, 2],
+                d,
+                f"{key} difference ({n} dev - 1 dev)\nmax |diff| = {np.max(np.abs(d)):.2g}",
+                dict(vmin=-lim, vmax=lim, cmap="RdBu_r"),
+                "%.1e",
+            ),
+        ):
             im = ax.imshow(img.T, origin="lower", **kw)
             ax.set_title(title, fontsize=9)
             ax.set_xticks([])
@@ -121,35 +141,45 @@ def main(argv=None, *, args=None) -> int:
     many = run(problem, devices, args)
 
     n = len(devices)
-    print(f"{args.strategy} (reduce={args.reduce}, chunk_size={args.chunk_size}) on 1 vs {n} "
-          f"{devices[0].platform} devices: {args.npix}x{args.npix} log-normal field, {2 * args.n_samples} samples, "
-          f"{args.iterations} iterations")
+    print(
+        f"{args.strategy} (reduce={args.reduce}, chunk_size={args.chunk_size}) on 1 vs {n} "
+        f"{devices[0].platform} devices: {args.npix}x{args.npix} log-normal field, {2 * args.n_samples} samples, "
+        f"{args.iterations} iterations"
+    )
     print(f"{'quantity':<12} {'max abs diff':>14} {'max rel diff':>14}  bitwise equal")
     diffs = {}
     for key in ("samples", "mean", "std", "kl_energy"):
         d = diffs[key] = du.diff_stats(many[key], one[key])
         print(f"{key:<12} {d['max_abs']:>14.3e} {d['max_rel']:>14.3e}  {'yes' if d['bitwise_equal'] else 'no'}")
     print(f"wall time (including compilation): 1 device {one['time']:.1f} s, {n} devices {many['time']:.1f} s")
-    plot_comparison(one, many, n, f"{args.strategy} (reduce={args.reduce}) on 1 vs {n} devices, same RNG keys",
-                    du.png_path(args.output, "comparison.png"))
+    plot_comparison(
+        one,
+        many,
+        n,
+        f"{args.strategy} (reduce={args.reduce}) on 1 vs {n} devices, same RNG keys",
+        du.png_path(args.output, "comparison.png"),
+    )
     print(f"figures written to {args.output}/")
 
     if args.reduce == "fixed":
         bad = [k for k, d in diffs.items() if not d["bitwise_equal"]]
         if bad:
-            print(f"FAILED: reproducible mode, but {', '.join(bad)} differ between 1 and {n} devices",
-                  file=sys.stderr)
+            print(f"FAILED: reproducible mode, but {', '.join(bad)} differ between 1 and {n} devices", file=sys.stderr)
             return 1
         print(f"check passed: 1 and {n} devices give bitwise identical results")
     else:
         ratio = float(np.max(np.abs(many["mean"] - one["mean"]) / one["std"]))
         print(f"max |mean difference| / posterior std = {ratio:.2e}")
         if not ratio < PSUM_STD_FRACTION:
-            print(f"FAILED: the posterior means differ by {ratio:.2e} posterior std (allowed "
-                  f"{PSUM_STD_FRACTION})", file=sys.stderr)
+            print(
+                f"FAILED: the posterior means differ by {ratio:.2e} posterior std (allowed {PSUM_STD_FRACTION})",
+                file=sys.stderr,
+            )
             return 1
-        print(f"check passed: differences below {PSUM_STD_FRACTION} posterior std (psum round-off, amplified "
-              f"by the iterative solvers)")
+        print(
+            f"check passed: differences below {PSUM_STD_FRACTION} posterior std (psum round-off, amplified "
+            f"by the iterative solvers)"
+        )
     return 0
 
 

@@ -17,6 +17,7 @@ correlate with the truth better than the dirty image.
 
     python demos/radio_imaging.py --npix 64 --antennas 10 --times 16 --output out/
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,10 +40,13 @@ def parse(argv=None):
     ap.add_argument("--npix", type=int, default=64, help="image pixels per axis (default 64)")
     ap.add_argument("--antennas", type=int, default=10, help="number of antennas (default 10)")
     ap.add_argument("--times", type=int, default=16, help="hour angles per baseline (default 16)")
-    ap.add_argument("--noise-level", type=float, default=0.05,
-                    help="noise std per real/imaginary part in units of rms|V| (default 0.05)")
-    ap.add_argument("--linear-iterations", type=int, default=2,
-                    help="leading MGVI iterations before geoVI (default 2)")
+    ap.add_argument(
+        "--noise-level",
+        type=float,
+        default=0.05,
+        help="noise std per real/imaginary part in units of rms|V| (default 0.05)",
+    )
+    ap.add_argument("--linear-iterations", type=int, default=2, help="leading MGVI iterations before geoVI (default 2)")
     du.add_common_flags(ap, samples=6, iterations=6, seed=0, output="demo_output/radio_imaging")
     args = ap.parse_args(argv)
     du.check_common(args)
@@ -96,6 +100,11 @@ def uv_coverage(n_antennas: int, n_times: int, u_max: float, rng, declination_de
     return (u * scale).ravel(), (v * scale).ravel()
 
 
+def observe(response, field, xi):
+    """``response(exp(field(xi)))``: the sky ``exp(f)`` seen through the instrument."""
+    return response(jnp.exp(field(xi)))
+
+
 class RadioProblem:
     """Sky model, NUFFT response, simulated visibilities and the likelihood.
 
@@ -113,13 +122,15 @@ class RadioProblem:
     likelihood : shardvi.Likelihood
     """
 
-    def __init__(self, npix: int, n_antennas: int, n_times: int, noise_level: float, seed: int,
-                 pixel_arcsec: float = 0.5):
+    def __init__(
+        self, npix: int, n_antennas: int, n_times: int, noise_level: float, seed: int, pixel_arcsec: float = 0.5
+    ):
         self.npix = npix
         cfm = sv.CorrelatedFieldMaker("sky", dtype=jnp.float64)
         cfm.set_amplitude_total_offset(0.0, (0.3, 0.1))
-        cfm.add_fluctuations((npix, npix), 1.0 / npix, fluctuations=(1.0, 0.2), loglogavgslope=(-2.0, 0.3),
-                             prefix="diffuse")
+        cfm.add_fluctuations(
+            (npix, npix), 1.0 / npix, fluctuations=(1.0, 0.2), loglogavgslope=(-2.0, 0.3), prefix="diffuse"
+        )
         self.field = cfm.finalize()
         rng = np.random.default_rng(seed)
         dl = pixel_arcsec * ARCSEC
@@ -134,7 +145,9 @@ class RadioProblem:
         self.noise_std = float(noise_level * np.sqrt(np.mean(np.abs(vis) ** 2)))
         n = np.asarray(jax.random.normal(k_noise, (2, vis.size), jnp.float64))
         self.data = vis + self.noise_std * (n[0] + 1j * n[1])
-        model = sv.Model(lambda xi: self.response(self.sky(xi)), self.field.domain)
+        # a Partial of the response and the field (modules): their arrays are arguments of the compiled
+        # steps, not constants (a lambda closing over self would hide them from JAX)
+        model = sv.Model(jax.tree_util.Partial(observe, self.response, self.field), self.field.domain)
         self.likelihood = sv.Gaussian(jnp.asarray(self.data), noise_std=self.noise_std).amend(model)
 
     def sky(self, xi):
@@ -148,15 +161,17 @@ class RadioProblem:
 
 def solver_configs():
     """MGVI sampling CG, geoVI Newton-CG and KL Newton-CG settings."""
-    return dict(linear_sampling=sv.CGConfig(tol=1e-4, maxiter=1000),
-                nonlinear_update=sv.NewtonCGConfig(xtol=1e-5, maxiter=8, cg=sv.CGConfig(tol=0.5, maxiter=100)),
-                kl_minimization=sv.NewtonCGConfig(xtol=None, absdelta=0.01, maxiter=30,
-                                                  cg=sv.CGConfig(tol=0.5, maxiter=200)))
+    return dict(
+        linear_sampling=sv.CGConfig(tol=1e-4, maxiter=1000),
+        nonlinear_update=sv.NewtonCGConfig(xtol=1e-5, maxiter=8, cg=sv.CGConfig(tol=0.5, maxiter=100)),
+        kl_minimization=sv.NewtonCGConfig(xtol=None, absdelta=0.01, maxiter=30, cg=sv.CGConfig(tol=0.5, maxiter=200)),
+    )
 
 
 def plot_uv(u, v, path):
     """The uv-coverage (both halves: ``V(-u, -v) = conj V(u, v)`` for a real sky)."""
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(4.2, 4))
     ax.plot(u / 1e3, v / 1e3, ".", color="C0", ms=1.5, label="(u, v)")
     ax.plot(-u / 1e3, -v / 1e3, ".", color="C1", ms=1.5, label="(-u, -v)")
@@ -178,8 +193,9 @@ def check(chi2: float, corr_mean: float, corr_dirty: float) -> list:
     if not abs(chi2 - 1.0) <= CHI2_TOL:
         failures.append(f"reduced chi^2 {chi2:.4f} is outside 1 +- {CHI2_TOL}")
     if not corr_mean > corr_dirty:
-        failures.append(f"posterior mean correlates worse with the truth ({corr_mean:.4f}) than the dirty image "
-                        f"({corr_dirty:.4f})")
+        failures.append(
+            f"posterior mean correlates worse with the truth ({corr_mean:.4f}) than the dirty image ({corr_dirty:.4f})"
+        )
     return failures
 
 
@@ -193,10 +209,17 @@ def main(argv=None, *, args=None) -> int:
     prob = RadioProblem(args.npix, args.antennas, args.times, args.noise_level, args.seed)
     pos = jax.tree.map(lambda x: 0.1 * x, prob.field.init(jax.random.PRNGKey(args.seed + 1000)))
     samples, state = sv.optimize_kl(
-        prob.likelihood, pos, key=jax.random.PRNGKey(args.seed + 1), n_total_iterations=args.iterations,
+        prob.likelihood,
+        pos,
+        key=jax.random.PRNGKey(args.seed + 1),
+        n_total_iterations=args.iterations,
         n_samples=args.n_samples,
         sample_mode=lambda i: "linear_resample" if i < args.linear_iterations else "nonlinear_resample",
-        sample_map=strategy, kl_map=strategy, progress=du.progress(args.quiet), **solver_configs())
+        sample_map=strategy,
+        kl_map=strategy,
+        progress=du.progress(args.quiet),
+        **solver_configs(),
+    )
     wall = time.perf_counter() - t0
 
     sky = np.asarray(samples.map(prob.sky))
@@ -204,25 +227,36 @@ def main(argv=None, *, args=None) -> int:
     dirty = prob.dirty_image()
     chi2 = pooled_chi2(sv.residual_stats(samples, prob.likelihood)["likelihood"])
     c_mean, c_dirty = correlation(mean, prob.truth), correlation(dirty, prob.truth)
-    rel_err = float(np.sqrt(np.mean((mean - prob.truth) ** 2) / np.mean(prob.truth ** 2)))
+    rel_err = float(np.sqrt(np.mean((mean - prob.truth) ** 2) / np.mean(prob.truth**2)))
     cov = du.coverage(prob.truth, mean, std)
 
     print(sv.minisanity(samples, prob.likelihood))
-    print(f"image {args.npix}x{args.npix}, {args.antennas} antennas x {args.times} hour angles = "
-          f"{prob.data.size} complex visibilities, noise std {prob.noise_std:.3g} per component, "
-          f"{len(samples)} samples, strategy {args.strategy} on {len(devices)} device(s)")
+    print(
+        f"image {args.npix}x{args.npix}, {args.antennas} antennas x {args.times} hour angles = "
+        f"{prob.data.size} complex visibilities, noise std {prob.noise_std:.3g} per component, "
+        f"{len(samples)} samples, strategy {args.strategy} on {len(devices)} device(s)"
+    )
     print(f"reduced chi^2 of the visibility residuals (per-sample, per real dof): {chi2:.4f}")
     print(f"correlation with the truth: posterior mean {c_mean:.4f}, dirty image {c_dirty:.4f}")
-    print(f"relative rms error of the posterior mean {rel_err:.4f}; truth within mean +- 2 std on "
-          f"{100 * cov:.1f} % of pixels")
+    print(
+        f"relative rms error of the posterior mean {rel_err:.4f}; truth within mean +- 2 std on "
+        f"{100 * cov:.1f} % of pixels"
+    )
     print(f"wall time {wall:.1f} s (including compilation)")
 
     out = args.output
-    plot.plot_reconstruction(mean, std, truth=prob.truth, data=dirty, data_label="dirty image",
-                             title=f"radio imaging {args.npix}x{args.npix} (NUFFT, MGVI + geoVI)",
-                             path=du.png_path(out, "reconstruction.png"))
-    plot.plot_samples(sky, truth=prob.truth, max_samples=4, title="posterior samples of the sky",
-                      path=du.png_path(out, "samples.png"))
+    plot.plot_reconstruction(
+        mean,
+        std,
+        truth=prob.truth,
+        data=dirty,
+        data_label="dirty image",
+        title=f"radio imaging {args.npix}x{args.npix} (NUFFT, MGVI + geoVI)",
+        path=du.png_path(out, "reconstruction.png"),
+    )
+    plot.plot_samples(
+        sky, truth=prob.truth, max_samples=4, title="posterior samples of the sky", path=du.png_path(out, "samples.png")
+    )
     plot_uv(prob.u, prob.v, du.png_path(out, "uv_coverage.png"))
     plot.plot_convergence(state.history, path=du.png_path(out, "convergence.png"))
     print(f"figures written to {out}/")

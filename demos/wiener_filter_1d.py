@@ -9,6 +9,7 @@ ratio of the sample std to the exact one and writes figures.
 
     python demos/wiener_filter_1d.py --npix 256 --n-samples 8 --output out/
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,15 +60,15 @@ def power_spectrum(npix: int, length: float = 1.0):
 
 def build(npix: int, seed: int, noise_std: float = 0.05):
     p, k = power_spectrum(npix)
-    amp = jnp.asarray(np.sqrt(p * npix))          # unitary Hartley convention
+    amp = jnp.asarray(np.sqrt(p * npix))  # unitary Hartley convention
 
     def signal(xi):
         f = jnp.fft.fft(amp * xi) / npix
-        return (f.real + f.imag) * np.sqrt(npix)    # orthonormal Hartley transform of amp * xi
+        return (f.real + f.imag) * np.sqrt(npix)  # orthonormal Hartley transform of amp * xi
 
     rng = np.random.default_rng(seed)
     mask = np.ones(npix, bool)
-    mask[npix // 3: npix // 3 + npix // 6] = False  # a gap in the data
+    mask[npix // 3 : npix // 3 + npix // 6] = False  # a gap in the data
     mask &= rng.random(npix) < 0.7
     model = sv.Model(lambda xi: signal(xi)[mask], jax.ShapeDtypeStruct((npix,), jnp.float64))
     xi_true = jnp.asarray(rng.normal(size=npix))
@@ -78,7 +79,7 @@ def build(npix: int, seed: int, noise_std: float = 0.05):
 
 def closed_form(signal, mask, data, noise_std, npix):
     """Dense Wiener filter in latent space (the oracle)."""
-    A = np.asarray(jax.vmap(signal)(jnp.eye(npix))).T[mask]      # response in latent coordinates
+    A = np.asarray(jax.vmap(signal)(jnp.eye(npix))).T[mask]  # response in latent coordinates
     prec = np.eye(npix) + A.T @ A / noise_std**2
     cov = np.linalg.inv(prec)
     mean = cov @ A.T @ data / noise_std**2
@@ -97,11 +98,18 @@ def main(argv=None, *, args=None) -> int:
     lh = sv.Gaussian(data, noise_std=noise_std).amend(model)
     t0 = time.perf_counter()
     samples, state = sv.optimize_kl(
-        lh, jnp.zeros(args.npix), key=jax.random.PRNGKey(args.seed), n_total_iterations=args.iterations,
-        n_samples=args.n_samples, sample_mode="linear_resample",
+        lh,
+        jnp.zeros(args.npix),
+        key=jax.random.PRNGKey(args.seed),
+        n_total_iterations=args.iterations,
+        n_samples=args.n_samples,
+        sample_mode="linear_resample",
         linear_sampling=sv.CGConfig(tol=1e-10, maxiter=2000),
         kl_minimization=sv.NewtonCGConfig(xtol=1e-12, maxiter=10, cg=sv.CGConfig(tol=1e-10, maxiter=2000)),
-        sample_map=strategy, kl_map=strategy, progress=du.progress(args.quiet))
+        sample_map=strategy,
+        kl_map=strategy,
+        progress=du.progress(args.quiet),
+    )
     wall = time.perf_counter() - t0
     mean, std = samples.mean_and_std(signal)
     wf_mean, wf_std = closed_form(signal, mask, data, noise_std, args.npix)
@@ -113,10 +121,21 @@ def main(argv=None, *, args=None) -> int:
     print(f"strategy {args.strategy} on {len(devices)} device(s), wall time {wall:.1f} s (including compilation)")
 
     coords = np.nonzero(mask)[0]
-    plot.plot_reconstruction(mean, std, truth=truth, data=data, data_coords=coords,
-                             title="Wiener filter 1-D (MGVI)", path=du.png_path(args.output, "reconstruction.png"))
-    plot.plot_samples(jax.vmap(signal)(samples.samples), truth=truth, title="posterior samples",
-                      path=du.png_path(args.output, "samples.png"))
+    plot.plot_reconstruction(
+        mean,
+        std,
+        truth=truth,
+        data=data,
+        data_coords=coords,
+        title="Wiener filter 1-D (MGVI)",
+        path=du.png_path(args.output, "reconstruction.png"),
+    )
+    plot.plot_samples(
+        jax.vmap(signal)(samples.samples),
+        truth=truth,
+        title="posterior samples",
+        path=du.png_path(args.output, "samples.png"),
+    )
     plot.plot_convergence(state.history, path=du.png_path(args.output, "convergence.png"))
     print(f"figures written to {args.output}/")
     ok = err_mean < MAX_REL_ERROR

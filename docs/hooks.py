@@ -5,6 +5,7 @@ The docstrings are numpy style and cross-reference with Sphinx roles
 before the code span. This hook drops the role name and, like Sphinx, shortens a
 ``~``-prefixed dotted path to its last component.
 """
+
 import re
 
 _ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|data|attr|exc|obj|const):(?=<code>)")

@@ -10,6 +10,7 @@ shardvi`` itself imports neither JAX nor jax-finufft nor matplotlib, so
 without making matplotlib a cost of every import. ``sv.plot`` never selects a
 matplotlib backend.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -22,14 +23,45 @@ _SUBMODULES = ("compilation", "examples", "minimizers", "models", "parallel", "p
 
 # top-level name -> submodule that defines it (add new exports here and in the TYPE_CHECKING block)
 _EXPORTS = {
-    "minimizers": ("CGConfig", "NewtonCGConfig", "OptaxConfig"),
-    "models": ("CorrelatedField", "CorrelatedFieldMaker", "InvGamma", "Laplace", "LogNormal", "Mask", "Model",
-               "NUFFTResponse", "Normal", "Prior", "Sampling", "Uniform", "prior_model"),
-    "vi": ("CheckpointError", "Gaussian", "IterationReport", "Likelihood", "NonFiniteError",
-           "NonPositiveCurvatureError", "OptimizeVI",
-           "OptimizeVIState", "Poisson", "SampleMode", "Samples", "StudentT", "VariableCovarianceGaussian",
-           "draw_linear_residual", "load_checkpoint", "minisanity", "nonlinearly_update_residual", "optimize_kl",
-           "residual_stats", "save_checkpoint"),
+    "minimizers": ("CGConfig", "Minimizer", "NewtonCGConfig", "OptaxConfig"),
+    "module": ("Module",),
+    "models": (
+        "CorrelatedField",
+        "CorrelatedFieldMaker",
+        "InvGamma",
+        "Laplace",
+        "LogNormal",
+        "Mask",
+        "Model",
+        "NUFFTResponse",
+        "Normal",
+        "Prior",
+        "Sampling",
+        "Uniform",
+        "prior_model",
+    ),
+    "vi": (
+        "CheckpointError",
+        "Gaussian",
+        "IterationReport",
+        "Likelihood",
+        "NonFiniteError",
+        "NonPositiveCurvatureError",
+        "OptimizeVI",
+        "OptimizeVIState",
+        "Poisson",
+        "SampleMode",
+        "Samples",
+        "StudentT",
+        "VariableCovarianceGaussian",
+        "draw_linear_residual",
+        "load_checkpoint",
+        "minisanity",
+        "nonlinearly_update_residual",
+        "optimize_kl",
+        "residual_stats",
+        "save_checkpoint",
+    ),
 }
 _ORIGIN = {name: module for module, names in _EXPORTS.items() for name in names}
 
@@ -37,16 +69,44 @@ __all__ = sorted(_ORIGIN) + list(_SUBMODULES)
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real imports
     from . import compilation, examples, minimizers, models, parallel, plot, tree_math, vi  # noqa: F401
-    from .minimizers import CGConfig, NewtonCGConfig, OptaxConfig  # noqa: F401
+    from .minimizers import CGConfig, Minimizer, NewtonCGConfig, OptaxConfig  # noqa: F401
     from .models import (  # noqa: F401
-        CorrelatedField, CorrelatedFieldMaker, InvGamma, Laplace, LogNormal, Mask, Model, NUFFTResponse, Normal,
-        Prior, Sampling, Uniform, prior_model,
+        CorrelatedField,
+        CorrelatedFieldMaker,
+        InvGamma,
+        Laplace,
+        LogNormal,
+        Mask,
+        Model,
+        Normal,
+        NUFFTResponse,
+        Prior,
+        Sampling,
+        Uniform,
+        prior_model,
     )
+    from .module import Module  # noqa: F401
     from .vi import (  # noqa: F401
-        CheckpointError, Gaussian, IterationReport, Likelihood, NonFiniteError, NonPositiveCurvatureError,
-        OptimizeVI, OptimizeVIState,
-        Poisson, SampleMode, Samples, StudentT, VariableCovarianceGaussian, draw_linear_residual, load_checkpoint,
-        minisanity, nonlinearly_update_residual, optimize_kl, residual_stats, save_checkpoint,
+        CheckpointError,
+        Gaussian,
+        IterationReport,
+        Likelihood,
+        NonFiniteError,
+        NonPositiveCurvatureError,
+        OptimizeVI,
+        OptimizeVIState,
+        Poisson,
+        SampleMode,
+        Samples,
+        StudentT,
+        VariableCovarianceGaussian,
+        draw_linear_residual,
+        load_checkpoint,
+        minisanity,
+        nonlinearly_update_residual,
+        optimize_kl,
+        residual_stats,
+        save_checkpoint,
     )
 
 

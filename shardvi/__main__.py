@@ -18,6 +18,7 @@ on a terminal, one line per iteration otherwise) goes to standard error unless
 ``--quiet``; the result goes to standard output. The arguments are parsed before
 JAX is imported: ``--help`` and bad flags answer at once.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,28 +26,38 @@ import json
 import os
 import sys
 import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .vi.progress import Progress
 
 __all__ = ["compare", "main", "strategies"]
 
 
 def _diff(a, b):
     import numpy as np
+
     a, b = np.asarray(a), np.asarray(b)
     abs_ = float(np.max(np.abs(a - b))) if a.size else 0.0
     scale = float(np.max(np.abs(b))) if b.size else 0.0
-    return {"max_abs": abs_, "max_rel": abs_ / scale if scale > 0 else abs_,
-            "bitwise_equal": bool(np.array_equal(a, b))}
+    return {
+        "max_abs": abs_,
+        "max_rel": abs_ / scale if scale > 0 else abs_,
+        "bitwise_equal": bool(np.array_equal(a, b)),
+    }
 
 
 def _strategy(name, devices, reduce, chunk_size):
     """The registered strategy ``name`` on ``devices`` (``ValueError`` naming ``--strategy`` if it cannot be)."""
     from . import parallel
+
     return parallel.get_strategy(name, "--strategy", devices, chunk_size=chunk_size, reduce=reduce)
 
 
 def strategies() -> str:
     """The registered strategies, one per line: name, class and the first line of its docstring."""
     from . import parallel
+
     rows = []
     for name in parallel.strategy_names():
         cls = parallel.strategy_class(name)
@@ -55,9 +66,19 @@ def strategies() -> str:
     return "\n".join(rows)
 
 
-def compare(devices: int = 4, strategy: str = "shard_map", demo: str = "lognormal_1d", *, npix: int = 64,
-            n_samples: int = 4, iterations: int = 3, reduce: str = "fixed", chunk_size: int = 1,
-            seed: int = 0, progress="auto") -> dict:
+def compare(
+    devices: int = 4,
+    strategy: str = "shard_map",
+    demo: str = "lognormal_1d",
+    *,
+    npix: int = 64,
+    n_samples: int = 4,
+    iterations: int = 3,
+    reduce: str = "fixed",
+    chunk_size: int = 1,
+    seed: int = 0,
+    progress: bool | str | Progress = "auto",
+) -> dict:
     """Run ``demo`` with ``strategy`` on 1 and on ``devices`` devices; return the differences.
 
     Returns
@@ -74,6 +95,7 @@ def compare(devices: int = 4, strategy: str = "shard_map", demo: str = "lognorma
     import numpy as np
 
     import shardvi as sv
+
     from .examples import build_demo
     from .vi.progress import check_progress
 
@@ -81,26 +103,41 @@ def compare(devices: int = 4, strategy: str = "shard_map", demo: str = "lognorma
         raise ValueError(f"devices must be an int >= 1, got {devices!r}")
     available = jax.devices()
     if devices > len(available):
-        raise ValueError(f"devices={devices} but only {len(available)} {available[0].platform} device(s) exist "
-                         f"(on CPU start a fresh process: python -m shardvi compare --devices {devices})")
+        raise ValueError(
+            f"devices={devices} but only {len(available)} {available[0].platform} device(s) exist "
+            f"(on CPU start a fresh process: python -m shardvi compare --devices {devices})"
+        )
     _strategy(strategy, list(available[:devices]), reduce, chunk_size)  # validate before running anything
     progress = check_progress(progress)
     problem = build_demo(demo, npix=npix, seed=seed)
     mode_seq = ("linear_resample", "nonlinear_resample", "nonlinear_update")
-    configs = dict(linear_sampling=sv.CGConfig(tol=1e-8, maxiter=200),
-                   nonlinear_update=sv.NewtonCGConfig(xtol=1e-8, maxiter=10),
-                   kl_minimization=sv.NewtonCGConfig(xtol=1e-8, maxiter=10))
+    configs: dict[str, Any] = dict(
+        linear_sampling=sv.CGConfig(tol=1e-8, maxiter=200),
+        nonlinear_update=sv.NewtonCGConfig(xtol=1e-8, maxiter=10),
+        kl_minimization=sv.NewtonCGConfig(xtol=1e-8, maxiter=10),
+    )
 
     def run(devs, label):
         strat = _strategy(strategy, list(devs), reduce, chunk_size)
         if progress != "off":
-            print(f"{label}: {demo} with {strategy} on {len(devs)} device(s), {iterations} iterations",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{label}: {demo} with {strategy} on {len(devs)} device(s), {iterations} iterations",
+                file=sys.stderr,
+                flush=True,
+            )
         t0 = time.perf_counter()
         samples, state = sv.optimize_kl(
-            problem.likelihood, problem.position, key=jax.random.PRNGKey(seed), n_total_iterations=iterations,
-            n_samples=n_samples, sample_mode=lambda i: mode_seq[min(i, 2)], sample_map=strat, kl_map=strat,
-            progress=progress, **configs)
+            problem.likelihood,
+            problem.position,
+            key=jax.random.PRNGKey(seed),
+            n_total_iterations=iterations,
+            n_samples=n_samples,
+            sample_mode=lambda i: mode_seq[min(i, 2)],
+            sample_map=strat,
+            kl_map=strat,
+            progress=progress,
+            **configs,
+        )
         signal = np.stack([np.asarray(problem.signal(s)) for s in samples])
         flat = np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree.leaves(samples.samples)])
         energies = np.asarray([r.kl_energy for r in state.history])
@@ -109,16 +146,28 @@ def compare(devices: int = 4, strategy: str = "shard_map", demo: str = "lognorma
     one = run(available[:1], "run 1/2")
     many = run(available[:devices], "run 2/2")
     names = ("samples", "mean", "std", "kl_energy")
-    out = {name: _diff(many[i], one[i]) for i, name in enumerate(names)}
-    out.update(time_1=one[4], time_n=many[4], devices=devices, strategy=strategy, demo=demo, reduce=reduce,
-               chunk_size=chunk_size, n_samples=n_samples, iterations=iterations, npix=npix)
+    out: dict[str, Any] = {name: _diff(many[i], one[i]) for i, name in enumerate(names)}
+    out.update(
+        time_1=one[4],
+        time_n=many[4],
+        devices=devices,
+        strategy=strategy,
+        demo=demo,
+        reduce=reduce,
+        chunk_size=chunk_size,
+        n_samples=n_samples,
+        iterations=iterations,
+        npix=npix,
+    )
     return out
 
 
 def _format(res: dict) -> str:
-    lines = [f"{res['demo']}: {res['strategy']} (reduce={res['reduce']}, chunk_size={res['chunk_size']}) "
-             f"on 1 vs {res['devices']} devices, {res['n_samples']} sample pairs, {res['iterations']} iterations",
-             f"{'quantity':<12} {'max abs diff':>14} {'max rel diff':>14}  bitwise equal"]
+    lines = [
+        f"{res['demo']}: {res['strategy']} (reduce={res['reduce']}, chunk_size={res['chunk_size']}) "
+        f"on 1 vs {res['devices']} devices, {res['n_samples']} sample pairs, {res['iterations']} iterations",
+        f"{'quantity':<12} {'max abs diff':>14} {'max rel diff':>14}  bitwise equal",
+    ]
     for name in ("samples", "mean", "std", "kl_energy"):
         d = res[name]
         lines.append(f"{name:<12} {d['max_abs']:>14.3e} {d['max_rel']:>14.3e}  {'yes' if d['bitwise_equal'] else 'no'}")
@@ -131,17 +180,26 @@ def main(argv=None, force_cpu_devices: bool = False) -> int:
     ap = argparse.ArgumentParser(prog="python -m shardvi", description="shardvi command-line tools")
     sub = ap.add_subparsers(dest="command", required=True)
     cp = sub.add_parser("compare", help="run one reconstruction on 1 and N devices and print the differences")
-    cp.add_argument("--devices", type=int, default=4,
-                    help="number of devices N; on CPU that many are forced (default 4)")
-    cp.add_argument("--strategy", default="shard_map", metavar="NAME",
-                    help="sample_map/kl_map strategy: a registered name, e.g. shard_map (default), pmap, jit, vmap "
-                         "or lax_map ('python -m shardvi strategies' lists them all)")
+    cp.add_argument(
+        "--devices", type=int, default=4, help="number of devices N; on CPU that many are forced (default 4)"
+    )
+    cp.add_argument(
+        "--strategy",
+        default="shard_map",
+        metavar="NAME",
+        help="sample_map/kl_map strategy: a registered name, e.g. shard_map (default), pmap, jit, vmap "
+        "or lax_map ('python -m shardvi strategies' lists them all)",
+    )
     cp.add_argument("--demo", default="lognormal_1d", help="demo problem: lognormal_1d (default) or wiener_1d")
     cp.add_argument("--npix", type=int, default=64, help="pixels (default 64)")
     cp.add_argument("--n-samples", type=int, default=4, help="antithetic sample pairs per iteration (default 4)")
     cp.add_argument("--iterations", type=int, default=3, help="global MGVI/geoVI iterations (default 3)")
-    cp.add_argument("--reduce", default="fixed", choices=("fixed", "psum"),
-                    help="cross-device mean: fixed (reproducible, default) or psum")
+    cp.add_argument(
+        "--reduce",
+        default="fixed",
+        choices=("fixed", "psum"),
+        help="cross-device mean: fixed (reproducible, default) or psum",
+    )
     cp.add_argument("--chunk-size", type=int, default=1, help="samples per vectorized step per device (default 1)")
     cp.add_argument("--seed", type=int, default=0, help="seed of data and samples (default 0)")
     cp.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -153,6 +211,7 @@ def main(argv=None, force_cpu_devices: bool = False) -> int:
         return 0
 
     import jax
+
     if force_cpu_devices and os.environ.get("JAX_PLATFORMS", "cpu") in ("cpu", ""):
         try:  # possible before the first JAX computation only
             jax.config.update("jax_num_cpu_devices", max(args.devices, 1))
@@ -160,13 +219,25 @@ def main(argv=None, force_cpu_devices: bool = False) -> int:
             pass
     jax.config.update("jax_enable_x64", True)
     from . import parallel
-    if args.strategy not in parallel.strategy_names():   # the registry is read once JAX is imported
-        cp.error(f"argument --strategy: invalid choice: {args.strategy!r} (choose from "
-                 f"{', '.join(parallel.strategy_names())})")
+
+    if args.strategy not in parallel.strategy_names():  # the registry is read once JAX is imported
+        cp.error(
+            f"argument --strategy: invalid choice: {args.strategy!r} (choose from "
+            f"{', '.join(parallel.strategy_names())})"
+        )
     try:
-        res = compare(args.devices, args.strategy, args.demo, npix=args.npix, n_samples=args.n_samples,
-                      iterations=args.iterations, reduce=args.reduce, chunk_size=args.chunk_size, seed=args.seed,
-                      progress=False if args.quiet else "auto")
+        res = compare(
+            args.devices,
+            args.strategy,
+            args.demo,
+            npix=args.npix,
+            n_samples=args.n_samples,
+            iterations=args.iterations,
+            reduce=args.reduce,
+            chunk_size=args.chunk_size,
+            seed=args.seed,
+            progress=False if args.quiet else "auto",
+        )
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ counter is created and unregistered by :meth:`CompileCounter.close` (or on
 leaving the ``with`` block): a closed counter keeps its numbers and stops
 counting, and no listener is left behind. Counters are independent and may nest.
 """
+
 from __future__ import annotations
 
 import threading
@@ -53,14 +54,14 @@ class CompileCounter:
         self._active = True
         monitoring.register_event_duration_secs_listener(self._callback)
 
-    def _listener(self, name, duration, **kwargs):
-        if name == COMPILE_EVENT:
+    def _listener(self, event, duration_secs, **kwargs):
+        if event == COMPILE_EVENT:
             with self._lock:
                 self.count += 1
-                self.seconds += duration
-        elif name in TRACE_LOWER_EVENTS:
+                self.seconds += duration_secs
+        elif event in TRACE_LOWER_EVENTS:
             with self._lock:
-                self.trace_lower_seconds += duration
+                self.trace_lower_seconds += duration_secs
 
     @property
     def active(self) -> bool:
@@ -94,5 +95,7 @@ class CompileCounter:
         return False
 
     def __repr__(self) -> str:
-        return (f"CompileCounter(count={self.count}, seconds={self.seconds:.3f}, "
-                f"trace_lower_seconds={self.trace_lower_seconds:.3f}, active={self._active})")
+        return (
+            f"CompileCounter(count={self.count}, seconds={self.seconds:.3f}, "
+            f"trace_lower_seconds={self.trace_lower_seconds:.3f}, active={self._active})"
+        )

@@ -24,6 +24,7 @@ Both are observed through a mask (a contiguous gap of ``npix // 6`` pixels
 starting at ``npix // 3``, and each remaining pixel kept with probability 0.8)
 with white Gaussian noise of standard deviation ``noise_std``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -75,13 +76,14 @@ def _hartley_field(npix: int) -> Callable[[jax.Array], jax.Array]:
     def field(xi):
         f = jnp.fft.fft(amp * xi) / npix
         return (f.real + f.imag) * np.sqrt(npix) * 0.1
+
     return field
 
 
 def _mask(npix: int, rng: np.random.Generator) -> np.ndarray:
     """Boolean ``(npix,)`` observation mask: a gap of ``npix // 6`` pixels, then 80 % of the rest at random."""
     mask = np.ones(npix, bool)
-    mask[npix // 3: npix // 3 + npix // 6] = False
+    mask[npix // 3 : npix // 3 + npix // 6] = False
     return mask & (rng.random(npix) < 0.8)
 
 
@@ -113,6 +115,7 @@ def build_demo(name: str = "lognormal_1d", npix: int = 64, seed: int = 0, noise_
     """
     from .models import Model
     from .vi import Gaussian
+
     if name not in DEMOS:
         raise ValueError(f"demo must be one of {DEMOS}, got {name!r}")  # the CLI's --demo
     if isinstance(npix, bool) or not isinstance(npix, int) or npix < 4:
@@ -125,11 +128,12 @@ def build_demo(name: str = "lognormal_1d", npix: int = 64, seed: int = 0, noise_
 
         def signal(x):
             return jnp.exp(0.3 + 0.8 * jnp.exp(0.3 * x["fluct"]) * field(x["xi"]))
+
         truth_latent = {"xi": jnp.asarray(rng.normal(size=npix)), "fluct": jnp.asarray(0.5)}
         position = {"xi": jnp.zeros(npix), "fluct": jnp.zeros(())}
     else:
         domain = jax.ShapeDtypeStruct((npix,), jnp.float64)
-        signal = field
+        signal = field  # pyright: ignore[reportAssignmentType] -- both branches: latent -> signal
         truth_latent = jnp.asarray(rng.normal(size=npix))
         position = jnp.zeros(npix)
     truth = np.asarray(signal(truth_latent))

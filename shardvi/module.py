@@ -3,8 +3,8 @@
 A module's arrays are pytree leaves, everything else is static configuration.
 The engine passes modules to its compiled steps as *arguments*: data, noise,
 masks and grids are then inputs of the XLA programs, not constants baked into
-them (compile time does not grow with the data, and the data can carry a
-sharding).
+them (no copy of the data in every compiled program, new data of the same
+shapes reuse the compiled programs, and the data can carry a sharding).
 
 Rules
 -----
@@ -15,13 +15,16 @@ Rules
   leaves; anything else (Python numbers, strings, callables, shapes,
   ``jax.ShapeDtypeStruct``) is static and part of the tree structure.
   Containers (tuples, dicts, other modules, ``jax.tree_util.Partial``) are
-  searched for arrays.
+  searched for arrays. The split is fixed when the module is first flattened
+  and kept by every rebuilt copy, so JAX may put tracers or placeholders at
+  the leaves.
 - Validation belongs in ``__init__``: JAX rebuilds modules from their leaves
   (with tracers, or placeholders) without calling ``__init__``.
 - Arrays hidden inside a plain Python closure cannot be found; such a
   closure is static and its arrays stay constants of the compiled program.
   Keep arrays as attributes (or in a ``jax.tree_util.Partial``) instead.
 """
+
 from __future__ import annotations
 
 import functools
@@ -151,6 +154,7 @@ def _freezing_init(init):
         init(self, *args, **kwargs)
         if type(self).__init__ is __init__:  # the outermost __init__ has run: freeze
             object.__setattr__(self, _FROZEN, True)
+
     return __init__
 
 
@@ -171,8 +175,9 @@ class Module:
 
     def __setattr__(self, name, value):
         if self.__dict__.get(_FROZEN, False):
-            raise AttributeError(f"{type(self).__name__} is immutable: cannot set {name!r} after construction "
-                                 f"(build a new one)")
+            raise AttributeError(
+                f"{type(self).__name__} is immutable: cannot set {name!r} after construction (build a new one)"
+            )
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name):

@@ -8,18 +8,21 @@ The module never selects a matplotlib backend: the user's choice (or
 matplotlib's default, Agg where there is no display) is kept. ``import
 shardvi`` does not import this module; ``sv.plot`` does, on first access.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import overload
 
 import matplotlib.pyplot as plt
 import numpy as np
+from numpy.typing import ArrayLike
 
 __all__ = ["plot_reconstruction", "plot_samples", "plot_power_spectra", "plot_convergence", "save"]
 
 
-def save(fig, path: Optional[str]):
+def save(fig, path: str | None):
     """Save ``fig`` to ``path`` (PNG) if given; returns ``fig``."""
     if path is not None:
         d = os.path.dirname(os.fspath(path))
@@ -30,12 +33,25 @@ def save(fig, path: Optional[str]):
     return fig
 
 
+@overload
+def _np(x: None) -> None: ...
+@overload
+def _np(x: ArrayLike) -> np.ndarray: ...
 def _np(x):
     return None if x is None else np.asarray(x)
 
 
-def plot_reconstruction(mean, std, *, truth=None, data=None, data_coords=None, title: str = "",
-                        data_label: str = "data", path: Optional[str] = None):
+def plot_reconstruction(
+    mean,
+    std,
+    *,
+    truth=None,
+    data=None,
+    data_coords=None,
+    title: str = "",
+    data_label: str = "data",
+    path: str | None = None,
+):
     """Truth, data, posterior mean and posterior std.
 
     Parameters
@@ -50,7 +66,7 @@ def plot_reconstruction(mean, std, *, truth=None, data=None, data_coords=None, t
     data_label : str
         Legend entry / panel title of ``data``.
     """
-    mean, std, truth, data = map(_np, (mean, std, truth, data))
+    mean, std, truth, data = _np(mean), _np(std), _np(truth), _np(data)
     if mean.ndim == 1:
         fig, ax = plt.subplots(figsize=(8, 4))
         x = np.arange(mean.size)
@@ -85,7 +101,7 @@ def plot_reconstruction(mean, std, *, truth=None, data=None, data_coords=None, t
     return save(fig, path)
 
 
-def plot_samples(samples, *, truth=None, max_samples: int = 6, title: str = "", path: Optional[str] = None):
+def plot_samples(samples, *, truth=None, max_samples: int = 6, title: str = "", path: str | None = None):
     """Individual posterior samples (leading axis), 1-D lines or 2-D images.
 
     2-D: the images (and ``truth`` as a first panel, if given) share one colour
@@ -116,7 +132,7 @@ def plot_samples(samples, *, truth=None, max_samples: int = 6, title: str = "", 
     return save(fig, path)
 
 
-def plot_power_spectra(k, spectra, *, truth=None, title: str = "power spectrum", path: Optional[str] = None):
+def plot_power_spectra(k, spectra, *, truth=None, title: str = "power spectrum", path: str | None = None):
     """Posterior power-spectrum samples (shape (n_samples, n_k)) vs ``k`` on log-log axes."""
     k, spectra, truth = _np(k), _np(spectra), _np(truth)
     sel = k > 0
@@ -134,7 +150,7 @@ def plot_power_spectra(k, spectra, *, truth=None, title: str = "power spectrum",
     return save(fig, path)
 
 
-def plot_convergence(history: Sequence, *, title: str = "convergence", path: Optional[str] = None):
+def plot_convergence(history: Sequence, *, title: str = "convergence", path: str | None = None):
     """KL energy and reduced chi^2 per global iteration from ``state.history``."""
     it = [r.iteration for r in history]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.5))

@@ -3,6 +3,7 @@
 All functions are pure and jittable. Vectors are arbitrary pytrees whose leaves
 are inexact arrays; two vectors in one operation must share their structure.
 """
+
 from __future__ import annotations
 
 import jax
@@ -10,9 +11,23 @@ import jax.numpy as jnp
 from jax import tree_util as jtu
 
 __all__ = [
-    "add", "sub", "scale", "axpy", "vdot", "norm", "zeros_like", "size",
-    "where", "stack", "unstack_index", "leaf_dtype", "all_finite", "conj", "linear_adjoint",
-    "linearize_with_adjoint", "random_like",
+    "add",
+    "sub",
+    "scale",
+    "axpy",
+    "vdot",
+    "norm",
+    "zeros_like",
+    "size",
+    "where",
+    "stack",
+    "unstack_index",
+    "leaf_dtype",
+    "all_finite",
+    "conj",
+    "linear_adjoint",
+    "linearize_with_adjoint",
+    "random_like",
 ]
 
 
@@ -102,9 +117,11 @@ def linear_adjoint(vjp_fn):
     ``jax.vjp`` does not conjugate cotangents; for maps with complex outputs the
     adjoint in the real sense is ``vjp(conj(ct))``. Real maps are unaffected.
     """
+
     def adj(ct):
         (out,) = vjp_fn(conj(ct))
         return conj(out)
+
     return adj
 
 
@@ -134,8 +151,9 @@ def random_like(key, domain):
         if jnp.issubdtype(d.dtype, jnp.complexfloating):
             real = jnp.finfo(d.dtype).dtype
             kr, ki = jax.random.split(k)
-            out.append((jax.random.normal(kr, d.shape, real) + 1j * jax.random.normal(ki, d.shape, real)
-                        ).astype(d.dtype))
+            out.append(
+                (jax.random.normal(kr, d.shape, real) + 1j * jax.random.normal(ki, d.shape, real)).astype(d.dtype)
+            )
         else:
             out.append(jax.random.normal(k, d.shape, d.dtype))
     return jtu.tree_unflatten(treedef, out)

@@ -6,6 +6,7 @@ Joins a 2-process JAX runtime on 127.0.0.1 with 2 CPU devices per process,
 runs a short reconstruction with ``STRATEGY`` over all 4 global devices and
 (process 0) saves samples, position and KL energies.
 """
+
 import os
 import sys
 
@@ -15,13 +16,15 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 def main(port: int, process_id: int, out: str, strategy: str) -> None:
     import shardvi as sv  # imports jax but runs no JAX computation
 
-    sv.parallel.initialize_distributed(f"127.0.0.1:{port}", num_processes=2, process_id=process_id,
-                                       local_device_count=2, initialization_timeout=60)
+    sv.parallel.initialize_distributed(
+        f"127.0.0.1:{port}", num_processes=2, process_id=process_id, local_device_count=2, initialization_timeout=60
+    )
     import jax
+
     jax.config.update("jax_enable_x64", True)
     import numpy as np
-
     from _parallel_problem import final_arrays, run_reconstruction
+
     assert jax.process_count() == 2 and jax.device_count() == 4 and jax.local_device_count() == 2
     strat = {"shard_map": sv.parallel.ShardMap, "jit": sv.parallel.JitSharding}[strategy]()  # all 4 devices
     samples, state = run_reconstruction(strat)

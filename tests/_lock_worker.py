@@ -5,12 +5,13 @@ usage: python _lock_worker.py CHECKPOINT_DIR
 Prints ``locked <pid>`` once the lock is held; releases it and exits when its
 standard input is closed (or it is killed, which leaves a stale lock).
 """
+
 import os
 import sys
 
 os.environ["JAX_PLATFORMS"] = "cpu"
 
-from shardvi.vi.checkpoint import checkpoint_lock  # noqa: E402
+from shardvi.vi.checkpoint import checkpoint_lock
 
 
 def main(directory):

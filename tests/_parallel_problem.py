@@ -1,4 +1,5 @@
 """The small reconstruction shared by the parallel tests and the two-process worker (not a test module)."""
+
 import functools
 
 import jax
@@ -9,9 +10,11 @@ import shardvi as sv
 
 N = 8
 MODES = ("linear_resample", "nonlinear_resample", "nonlinear_update")
-CONFIGS = dict(linear_sampling=sv.CGConfig(tol=1e-8, maxiter=60),
-               nonlinear_update=sv.NewtonCGConfig(xtol=1e-8, maxiter=5),
-               kl_minimization=sv.NewtonCGConfig(xtol=1e-8, maxiter=5))
+CONFIGS = dict(
+    linear_sampling=sv.CGConfig(tol=1e-8, maxiter=60),
+    nonlinear_update=sv.NewtonCGConfig(xtol=1e-8, maxiter=5),
+    kl_minimization=sv.NewtonCGConfig(xtol=1e-8, maxiter=5),
+)
 
 
 def likelihood():
@@ -33,13 +36,20 @@ def position():
 
 def run_reconstruction(strategy, *, n_samples=3, n_iterations=3, kl_strategy=None, lh=None, **kwargs):
     """Three global iterations: linear_resample, nonlinear_resample, nonlinear_update."""
-    return sv.optimize_kl(lh or likelihood(), position(), key=jax.random.PRNGKey(1),
-                          n_total_iterations=n_iterations, n_samples=n_samples,
-                          sample_mode=lambda i: MODES[min(i, 2)], sample_map=strategy,
-                          kl_map=strategy if kl_strategy is None else kl_strategy, **{**CONFIGS, **kwargs})
+    return sv.optimize_kl(
+        lh or likelihood(),
+        position(),
+        key=jax.random.PRNGKey(1),
+        n_total_iterations=n_iterations,
+        n_samples=n_samples,
+        sample_mode=lambda i: MODES[min(i, 2)],
+        sample_map=strategy,
+        kl_map=strategy if kl_strategy is None else kl_strategy,
+        **{**CONFIGS, **kwargs},
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference_steps():
     """``(samples, state)`` before and after each of the three iterations of the 1-device vmap run.
 
@@ -47,6 +57,7 @@ def reference_steps():
     number of compilations after each iteration.
     """
     from shardvi.compilation import CompileCounter
+
     opt = sv.OptimizeVI(likelihood(), 3, n_samples=3, sample_mode=lambda i: MODES[i], **CONFIGS)
     samples = sv.Samples(position(), jax.tree.map(lambda p: jnp.zeros((0,) + p.shape), position()), None)
     state = opt.init_state(jax.random.PRNGKey(1))

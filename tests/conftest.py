@@ -1,9 +1,10 @@
 """Strict test set-up: float64 and 4 forced CPU devices, before any JAX op."""
+
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
+import jax
 
 jax.config.update("jax_num_cpu_devices", 4)
 jax.config.update("jax_enable_x64", True)

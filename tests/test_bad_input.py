@@ -1,4 +1,5 @@
 """Bad input gives a clear ValueError/TypeError that names the argument."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,11 +14,12 @@ MODEL = sv.Model(lambda x: jnp.exp(x), DOMAIN)
 DATA = np.ones(N)
 LH = sv.Gaussian(DATA, noise_std=0.5).amend(MODEL)
 DICT_LH = sv.Gaussian(DATA, noise_std=0.5).amend(
-    sv.Model(lambda x: jnp.exp(x["a"]) + x["b"], {"a": DOMAIN, "b": jax.ShapeDtypeStruct((), jnp.float64)}))
+    sv.Model(lambda x: jnp.exp(x["a"]) + x["b"], {"a": DOMAIN, "b": jax.ShapeDtypeStruct((), jnp.float64)})
+)
 KEY = jax.random.PRNGKey(0)
 
 
-POS, RES = jnp.zeros(N), jnp.zeros((2, N))          # a latent position and two residuals (one antithetic pair)
+POS, RES = jnp.zeros(N), jnp.zeros((2, N))  # a latent position and two residuals (one antithetic pair)
 TUPLE_DATA = (np.ones(2), np.ones(2))
 F32 = jax.ShapeDtypeStruct((N,), jnp.float32)
 
@@ -56,8 +58,9 @@ def _devices_gen():
 
 
 def run(**kw):
-    args = dict(likelihood=LH, position=jnp.zeros(N), key=KEY, n_total_iterations=1, n_samples=1,
-                sample_mode="linear_resample")
+    args = dict(
+        likelihood=LH, position=jnp.zeros(N), key=KEY, n_total_iterations=1, n_samples=1, sample_mode="linear_resample"
+    )
     args.update(kw)
     lh = args.pop("likelihood")
     pos = args.pop("position")
@@ -68,16 +71,23 @@ CASES = [
     # (id, callable, exception, message regex)
     ("negative n_samples", lambda: run(n_samples=-1), ValueError, "n_samples"),
     ("float n_samples", lambda: run(n_samples=2.5), TypeError, "n_samples"),
-    ("zero n_samples nonlinear", lambda: run(n_samples=0, sample_mode="nonlinear_resample"), ValueError,
-     "n_samples=0"),
-    ("callable n_samples bad later", lambda: run(n_samples=lambda i: 1 - 2 * i, n_total_iterations=2),
-     ValueError, "n_samples.*iteration 1"),
+    ("zero n_samples nonlinear", lambda: run(n_samples=0, sample_mode="nonlinear_resample"), ValueError, "n_samples=0"),
+    (
+        "callable n_samples bad later",
+        lambda: run(n_samples=lambda i: 1 - 2 * i, n_total_iterations=2),
+        ValueError,
+        "n_samples.*iteration 1",
+    ),
     ("unknown sample_mode", lambda: run(sample_mode="linear_fancy"), ValueError, "sample_mode"),
     ("unknown callable sample_mode", lambda: run(sample_mode=lambda i: "nope"), ValueError, "sample_mode"),
     ("unknown sample_map", lambda: run(sample_map="magic"), ValueError, "sample_map"),
     ("bad kl_map type", lambda: run(kl_map=42), TypeError, "kl_map"),
-    ("non-finite position", lambda: run(position=jnp.array([0.0, np.nan, 0.0, 0.0])), ValueError,
-     "position.*non-finite"),
+    (
+        "non-finite position",
+        lambda: run(position=jnp.array([0.0, np.nan, 0.0, 0.0])),
+        ValueError,
+        "position.*non-finite",
+    ),
     ("position wrong shape", lambda: run(position=jnp.zeros(N + 1)), ValueError, "position"),
     ("position wrong structure", lambda: run(position={"a": jnp.zeros(N)}), ValueError, "position"),
     ("missing key", lambda: run(key=None), TypeError, "key"),
@@ -89,16 +99,19 @@ CASES = [
     ("mirror_samples type", lambda: run(mirror_samples="yes"), TypeError, "mirror_samples"),
     ("resume without dir", lambda: run(resume=True), ValueError, "checkpoint_dir"),
     ("callback not callable", lambda: run(callback=3), TypeError, "callback"),
-    ("point_estimates unknown key", lambda: run(likelihood=DICT_LH, position={"a": jnp.zeros(N), "b": 0.0},
-                                                point_estimates=("c",)), ValueError, "point_estimates"),
+    (
+        "point_estimates unknown key",
+        lambda: run(likelihood=DICT_LH, position={"a": jnp.zeros(N), "b": 0.0}, point_estimates=("c",)),
+        ValueError,
+        "point_estimates",
+    ),
     ("constants on array domain", lambda: run(constants=("a",)), TypeError, "constants"),
     ("non-finite data", lambda: sv.Gaussian(np.array([1.0, np.inf]), noise_std=1.0), ValueError, "data"),
     ("zero noise", lambda: sv.Gaussian(DATA, noise_std=0.0), ValueError, "noise_std"),
     ("negative noise array", lambda: sv.Gaussian(DATA, noise_std=-np.ones(N)), ValueError, "noise_std"),
     ("nan noise_cov_inv", lambda: sv.Gaussian(DATA, noise_cov_inv=np.nan), ValueError, "noise_cov_inv"),
     ("no noise", lambda: sv.Gaussian(DATA), ValueError, "noise_std"),
-    ("data/model shape mismatch", lambda: sv.Gaussian(np.ones(N + 2), noise_std=1.0).amend(MODEL), ValueError,
-     "model"),
+    ("data/model shape mismatch", lambda: sv.Gaussian(np.ones(N + 2), noise_std=1.0).amend(MODEL), ValueError, "model"),
     ("negative counts", lambda: sv.Poisson(np.array([1.0, -1.0])), ValueError, "counts"),
     ("student dof", lambda: sv.StudentT(DATA, dof=0.0, noise_std=1.0), ValueError, "dof"),
     ("model domain not ShapeDtypeStruct", lambda: sv.Model(lambda x: x, (3,)), TypeError, "domain"),
@@ -108,137 +121,335 @@ CASES = [
     ("Newton maxiter float", lambda: sv.NewtonCGConfig(maxiter=2.0), TypeError, "maxiter"),
     ("Newton cg wrong type", lambda: sv.NewtonCGConfig(cg=3), TypeError, "cg"),
     ("optax wrong optimizer", lambda: sv.OptaxConfig(optimizer="adam"), TypeError, "optimizer"),
-    ("compiler_options not a dict", lambda: run(compiler_options=["xla_cpu_use_fusion_emitters"]), TypeError,
-     "compiler_options"),
-    ("compiler_options value type", lambda: run(compiler_options={"xla_cpu_use_fusion_emitters": None}),
-     TypeError, "compiler_options"),
-    ("compiler_options unknown XLA option", lambda: run(compiler_options={"xla_no_such_option": True}), ValueError,
-     "compiler_options.*xla_no_such_option"),
-    ("compiler_options bad XLA value", lambda: run(compiler_options={"xla_backend_optimization_level": "high"}),
-     ValueError, "compiler_options.*xla_backend_optimization_level"),
+    (
+        "compiler_options not a dict",
+        lambda: run(compiler_options=["xla_cpu_use_fusion_emitters"]),
+        TypeError,
+        "compiler_options",
+    ),
+    (
+        "compiler_options value type",
+        lambda: run(compiler_options={"xla_cpu_use_fusion_emitters": None}),
+        TypeError,
+        "compiler_options",
+    ),
+    (
+        "compiler_options unknown XLA option",
+        lambda: run(compiler_options={"xla_no_such_option": True}),
+        ValueError,
+        "compiler_options.*xla_no_such_option",
+    ),
+    (
+        "compiler_options bad XLA value",
+        lambda: run(compiler_options={"xla_backend_optimization_level": "high"}),
+        ValueError,
+        "compiler_options.*xla_backend_optimization_level",
+    ),
     # -- issue 10, item 8: complex values on a real latent space
     ("complex position", lambda: run(position=jnp.zeros(N) + 1j), TypeError, "position.*complex"),
-    ("complex Model domain", lambda: sv.Model(lambda x: x, jax.ShapeDtypeStruct((N,), jnp.complex128)),
-     TypeError, "domain.*real"),
-    ("complex latent likelihood", lambda: run(likelihood=sv.Gaussian(DATA + 1j, noise_std=1.0),
-                                              position=jnp.zeros(N, jnp.complex128)), TypeError,
-     "likelihood.*complex"),
+    (
+        "complex Model domain",
+        lambda: sv.Model(lambda x: x, jax.ShapeDtypeStruct((N,), jnp.complex128)),
+        TypeError,
+        "domain.*real",
+    ),
+    (
+        "complex latent likelihood",
+        lambda: run(likelihood=sv.Gaussian(DATA + 1j, noise_std=1.0), position=jnp.zeros(N, jnp.complex128)),
+        TypeError,
+        "likelihood.*complex",
+    ),
     # -- item 9: noise containers whose structure is not the data's
-    ("noise_std list for tuple data", lambda: sv.Gaussian(TUPLE_DATA, noise_std=[0.1, 0.2]), ValueError,
-     "noise_std.*structure"),
-    ("noise_std tuple of wrong length", lambda: sv.Gaussian(TUPLE_DATA, noise_std=(0.1, 0.2, 0.3)), ValueError,
-     "noise_std.*structure"),
-    ("noise_cov_inv dict for list data", lambda: sv.Gaussian([np.ones(2), np.ones(2)], noise_cov_inv={"a": 1.0}),
-     ValueError, "noise_cov_inv.*structure"),
-    ("StudentT noise_std list for tuple data", lambda: sv.StudentT(TUPLE_DATA, 3.0, [0.1, 0.2]), ValueError,
-     "noise_std.*structure"),
+    (
+        "noise_std list for tuple data",
+        lambda: sv.Gaussian(TUPLE_DATA, noise_std=[0.1, 0.2]),
+        ValueError,
+        "noise_std.*structure",
+    ),
+    (
+        "noise_std tuple of wrong length",
+        lambda: sv.Gaussian(TUPLE_DATA, noise_std=(0.1, 0.2, 0.3)),
+        ValueError,
+        "noise_std.*structure",
+    ),
+    (
+        "noise_cov_inv dict for list data",
+        lambda: sv.Gaussian([np.ones(2), np.ones(2)], noise_cov_inv={"a": 1.0}),
+        ValueError,
+        "noise_cov_inv.*structure",
+    ),
+    (
+        "StudentT noise_std list for tuple data",
+        lambda: sv.StudentT(TUPLE_DATA, 3.0, [0.1, 0.2]),
+        ValueError,
+        "noise_std.*structure",
+    ),
     ("noise_std ragged list", lambda: sv.Gaussian(DATA, noise_std=[0.1, [0.2, 0.3]]), TypeError, "noise_std"),
     ("noise_std complex", lambda: sv.Gaussian(DATA, noise_std=0.1 + 0j), TypeError, "noise_std.*real"),
     # -- item 10: devices that a one-device strategy would ignore
-    ("devices with vmap", lambda: run(sample_map="vmap", devices=jax.devices()[:2]), ValueError,
-     "devices.*sample_map='vmap'"),
-    ("devices with lax_map", lambda: run(kl_map="lax_map", sample_map="shard_map", devices=jax.devices()[:2]),
-     ValueError, "devices.*kl_map='lax_map'"),
-    ("devices with Vmap object", lambda: run(sample_map=sv.parallel.Vmap(), devices=jax.devices()[:2]),
-     ValueError, r"devices.*Vmap\(\)"),
-    ("devices with LaxMap object", lambda: run(sample_map="shard_map", kl_map=sv.parallel.LaxMap(),
-                                                             devices=jax.devices()[:3]),
-     ValueError, r"devices.*LaxMap\(\)"),
+    (
+        "devices with vmap",
+        lambda: run(sample_map="vmap", devices=jax.devices()[:2]),
+        ValueError,
+        "devices.*sample_map='vmap'",
+    ),
+    (
+        "devices with lax_map",
+        lambda: run(kl_map="lax_map", sample_map="shard_map", devices=jax.devices()[:2]),
+        ValueError,
+        "devices.*kl_map='lax_map'",
+    ),
+    (
+        "devices with Vmap object",
+        lambda: run(sample_map=sv.parallel.Vmap(), devices=jax.devices()[:2]),
+        ValueError,
+        r"devices.*Vmap\(\)",
+    ),
+    (
+        "devices with LaxMap object",
+        lambda: run(sample_map="shard_map", kl_map=sv.parallel.LaxMap(), devices=jax.devices()[:3]),
+        ValueError,
+        r"devices.*LaxMap\(\)",
+    ),
     ("vmap on another device", lambda: run(devices=jax.devices()[1:2]), ValueError, "devices.*runs on"),
-    ("devices with ShardMap object", lambda: run(sample_map=sv.parallel.ShardMap(devices=jax.devices()[:2]),
-                                                 kl_map="shard_map", devices=jax.devices()[:4]), ValueError,
-     "devices.*ShardMap"),
+    (
+        "devices with ShardMap object",
+        lambda: run(
+            sample_map=sv.parallel.ShardMap(devices=jax.devices()[:2]), kl_map="shard_map", devices=jax.devices()[:4]
+        ),
+        ValueError,
+        "devices.*ShardMap",
+    ),
     # -- item 11: dtypes of the model output and the data
-    ("float32 data, float64 model", lambda: sv.Gaussian(DATA.astype(np.float32), noise_std=0.5).amend(MODEL),
-     TypeError, "model.*float64.*data.*float32"),
-    ("float64 data, float32 model", lambda: sv.Gaussian(DATA, noise_std=0.5).amend(sv.Model(jnp.exp, F32)),
-     TypeError, "model.*float32.*data.*float64"),
-    ("bfloat16 model", lambda: sv.Gaussian(DATA, noise_std=0.5).amend(
-        sv.Model(jnp.exp, jax.ShapeDtypeStruct((N,), jnp.bfloat16))), TypeError, "bfloat16.*float64"),
-    ("complex64 data, complex128 model", lambda: sv.Gaussian(np.ones(N, np.complex64), noise_std=0.5).amend(
-        sv.Model(lambda x: jnp.exp(1j * x), DOMAIN)), TypeError, "complex128.*complex64"),
-    ("dtype mismatch names the leaf", lambda: sv.Gaussian({"a": DATA, "b": DATA.astype(np.float32)},
-                                                          noise_std=0.5).amend(
-        sv.Model(lambda x: {"a": x, "b": x}, DOMAIN)), TypeError, r"\['b'\]"),
+    (
+        "float32 data, float64 model",
+        lambda: sv.Gaussian(DATA.astype(np.float32), noise_std=0.5).amend(MODEL),
+        TypeError,
+        "model.*float64.*data.*float32",
+    ),
+    (
+        "float64 data, float32 model",
+        lambda: sv.Gaussian(DATA, noise_std=0.5).amend(sv.Model(jnp.exp, F32)),
+        TypeError,
+        "model.*float32.*data.*float64",
+    ),
+    (
+        "bfloat16 model",
+        lambda: sv.Gaussian(DATA, noise_std=0.5).amend(sv.Model(jnp.exp, jax.ShapeDtypeStruct((N,), jnp.bfloat16))),
+        TypeError,
+        "bfloat16.*float64",
+    ),
+    (
+        "complex64 data, complex128 model",
+        lambda: sv.Gaussian(np.ones(N, np.complex64), noise_std=0.5).amend(sv.Model(lambda x: jnp.exp(1j * x), DOMAIN)),
+        TypeError,
+        "complex128.*complex64",
+    ),
+    (
+        "dtype mismatch names the leaf",
+        lambda: sv.Gaussian({"a": DATA, "b": DATA.astype(np.float32)}, noise_std=0.5).amend(
+            sv.Model(lambda x: {"a": x, "b": x}, DOMAIN)
+        ),
+        TypeError,
+        r"\['b'\]",
+    ),
     # -- item 12 (see also test_minimizers): optimizers that cannot run are refused at construction
-    ("optimizer update not a pair", lambda: run(kl_minimization=_optimizer(lambda p: (), lambda g, s, p=None: g)),
-     TypeError, r"kl_minimization\.optimizer\.update must return a pair"),
-    ("optimizer updates wrong shape", lambda: run(kl_minimization=_optimizer(
-        lambda p: (), lambda g, s, p=None: (jnp.zeros(N + 1), s))), TypeError,
-     r"kl_minimization\.optimizer\.update.*shape"),
-    ("optimizer state changes type", lambda: run(kl_minimization=_optimizer(
-        lambda p: jnp.zeros((), jnp.int32), lambda g, s, p=None: (g, jnp.zeros(2)))), TypeError,
-     r"kl_minimization\.optimizer\.update.*state"),
-    ("optimizer init raises", lambda: run(kl_minimization=_optimizer(
-        lambda p: 1 / 0, lambda g, s, p=None: (g, s))), TypeError, r"kl_minimization\.optimizer\.init"),
-    ("optimizer init not callable", lambda: sv.OptaxConfig(optax.GradientTransformation(3, lambda g, s: (g, s))),
-     TypeError, "optimizer"),
+    (
+        "optimizer update not a pair",
+        lambda: run(kl_minimization=_optimizer(lambda p: (), lambda g, s, p=None: g)),
+        TypeError,
+        r"kl_minimization\.optimizer\.update must return a pair",
+    ),
+    (
+        "optimizer updates wrong shape",
+        lambda: run(kl_minimization=_optimizer(lambda p: (), lambda g, s, p=None: (jnp.zeros(N + 1), s))),
+        TypeError,
+        r"kl_minimization\.optimizer\.update.*shape",
+    ),
+    (
+        "optimizer state changes type",
+        lambda: run(
+            kl_minimization=_optimizer(lambda p: jnp.zeros((), jnp.int32), lambda g, s, p=None: (g, jnp.zeros(2)))
+        ),
+        TypeError,
+        r"kl_minimization\.optimizer\.update.*state",
+    ),
+    (
+        "optimizer init raises",
+        lambda: run(kl_minimization=_optimizer(lambda p: 1 / 0, lambda g, s, p=None: (g, s))),
+        TypeError,
+        r"kl_minimization\.optimizer\.init",
+    ),
+    (
+        "optimizer init not callable",
+        lambda: sv.OptaxConfig(optax.GradientTransformation(3, lambda g, s: (g, s))),
+        TypeError,
+        "optimizer",
+    ),
     # -- item 13
     ("empty data", lambda: sv.Gaussian(np.zeros(0), noise_std=1.0), ValueError, "data.*empty"),
-    ("empty counts leaf", lambda: sv.Poisson({"a": np.ones(2), "b": np.zeros((3, 0))}), ValueError,
-     "counts leaf 1.*empty"),
-    ("strategy class", lambda: run(sample_map=sv.parallel.ShardMap), TypeError,
-     "sample_map.*class ShardMap.*instantiate"),
+    (
+        "empty counts leaf",
+        lambda: sv.Poisson({"a": np.ones(2), "b": np.zeros((3, 0))}),
+        ValueError,
+        "counts leaf 1.*empty",
+    ),
+    (
+        "strategy class",
+        lambda: run(sample_map=sv.parallel.ShardMap),
+        TypeError,
+        "sample_map.*class ShardMap.*instantiate",
+    ),
     ("strategy class Vmap", lambda: run(kl_map=sv.parallel.Vmap), TypeError, "kl_map.*instantiate"),
     ("rbg key", lambda: run(key=jax.random.key(1, impl="rbg")), TypeError, "threefry2x32"),
     ("batch of keys", lambda: run(key=jax.random.split(KEY, 3)), TypeError, "key.*batch"),
-    ("sample_mode returns garbage", lambda: run(sample_mode=lambda i: "sideways"), ValueError,
-     r"sample_mode\(0\) returned 'sideways'"),
-    ("sample_mode returns a number", lambda: run(sample_mode=lambda i: 3), TypeError,
-     r"sample_mode\(0\) returned 3"),
-    ("noise_std overflows float64", lambda: sv.Gaussian(DATA, noise_std=1e-200), ValueError,
-     r"noise_std.*1/noise_std\*\*2 overflows float64"),
-    ("noise_std overflows float32", lambda: sv.Gaussian(DATA.astype(np.float32), noise_std=1e-30), ValueError,
-     "noise_std.*overflows float32"),
-    ("noise_std underflows", lambda: sv.Gaussian(DATA, noise_std=np.array([1.0, 1.0, 1e200, 1.0])), ValueError,
-     "noise_std.*underflows"),
+    (
+        "sample_mode returns garbage",
+        lambda: run(sample_mode=lambda i: "sideways"),
+        ValueError,
+        r"sample_mode\(0\) returned 'sideways'",
+    ),
+    ("sample_mode returns a number", lambda: run(sample_mode=lambda i: 3), TypeError, r"sample_mode\(0\) returned 3"),
+    (
+        "noise_std overflows float64",
+        lambda: sv.Gaussian(DATA, noise_std=1e-200),
+        ValueError,
+        r"noise_std.*1/noise_std\*\*2 overflows float64",
+    ),
+    (
+        "noise_std overflows float32",
+        lambda: sv.Gaussian(DATA.astype(np.float32), noise_std=1e-30),
+        ValueError,
+        "noise_std.*overflows float32",
+    ),
+    (
+        "noise_std underflows",
+        lambda: sv.Gaussian(DATA, noise_std=np.array([1.0, 1.0, 1e200, 1.0])),
+        ValueError,
+        "noise_std.*underflows",
+    ),
     ("StudentT noise_std overflows", lambda: sv.StudentT(DATA, 3.0, 1e-200), ValueError, "noise_std.*overflows"),
-    ("noise_std not representable", lambda: sv.Gaussian(DATA.astype(np.float32), noise_std=1e-50), ValueError,
-     "noise_std.*float32"),
-    ("strategy map drops the sample axis", lambda: run(sample_map=_DropsSampleAxis()), TypeError,
-     r"sample_map.*_DropsSampleAxis\.map"),
-    ("strategy mean keeps the axis", lambda: run(kl_map=_MeanKeepsAxis()), TypeError,
-     r"kl_map.*_MeanKeepsAxis\.mean"),
+    (
+        "noise_std not representable",
+        lambda: sv.Gaussian(DATA.astype(np.float32), noise_std=1e-50),
+        ValueError,
+        "noise_std.*float32",
+    ),
+    (
+        "strategy map drops the sample axis",
+        lambda: run(sample_map=_DropsSampleAxis()),
+        TypeError,
+        r"sample_map.*_DropsSampleAxis\.map",
+    ),
+    ("strategy mean keeps the axis", lambda: run(kl_map=_MeanKeepsAxis()), TypeError, r"kl_map.*_MeanKeepsAxis\.mean"),
     ("strategy map raises", lambda: run(sample_map=_RaisingMap()), TypeError, "sample_map.*failed on a probe"),
-    ("devices generator with a bad entry", lambda: run(sample_map="shard_map", devices=(d for d in [3])), TypeError,
-     r"devices\[0\]"),
+    (
+        "devices generator with a bad entry",
+        lambda: run(sample_map="shard_map", devices=(d for d in [3])),
+        TypeError,
+        r"devices\[0\]",
+    ),
     # -- item 14: the other public functions
-    ("draw_linear_residual batch of keys", lambda: sv.draw_linear_residual(LH, POS, jax.random.split(KEY, 4)),
-     TypeError, "key.*batch"),
-    ("draw_linear_residual wrong shape", lambda: sv.draw_linear_residual(LH, jnp.zeros(N + 1), KEY), ValueError,
-     "pos leaf 0 has shape"),
-    ("draw_linear_residual wrong structure", lambda: sv.draw_linear_residual(LH, {"a": POS}, KEY), ValueError,
-     "pos has tree structure"),
-    ("draw_linear_residual float32 pos", lambda: sv.draw_linear_residual(LH, jnp.zeros(N, jnp.float32), KEY),
-     TypeError, "pos.*float32"),
-    ("draw_linear_residual config type", lambda: sv.draw_linear_residual(LH, POS, KEY, sv.NewtonCGConfig()),
-     TypeError, "config must be a CGConfig"),
-    ("draw_linear_residual likelihood type", lambda: sv.draw_linear_residual(lambda x: x, POS, KEY), TypeError,
-     "lh must be"),
-    ("nonlinear update residual shape", lambda: sv.nonlinearly_update_residual(LH, POS, RES, KEY, 1.0), ValueError,
-     "residual leaf 0 has shape"),
-    ("nonlinear update sign array", lambda: sv.nonlinearly_update_residual(LH, POS, POS, KEY, jnp.ones(2)),
-     TypeError, "metric_sample_sign"),
-    ("nonlinear update batch of keys", lambda: sv.nonlinearly_update_residual(
-        LH, POS, POS, jax.random.split(KEY, 2), 1.0), TypeError, "key.*batch"),
-    ("nonlinear update config type", lambda: sv.nonlinearly_update_residual(LH, POS, POS, KEY, 1.0, sv.CGConfig()),
-     TypeError, "config must be a NewtonCGConfig"),
+    (
+        "draw_linear_residual batch of keys",
+        lambda: sv.draw_linear_residual(LH, POS, jax.random.split(KEY, 4)),
+        TypeError,
+        "key.*batch",
+    ),
+    (
+        "draw_linear_residual wrong shape",
+        lambda: sv.draw_linear_residual(LH, jnp.zeros(N + 1), KEY),
+        ValueError,
+        "pos leaf 0 has shape",
+    ),
+    (
+        "draw_linear_residual wrong structure",
+        lambda: sv.draw_linear_residual(LH, {"a": POS}, KEY),
+        ValueError,
+        "pos has tree structure",
+    ),
+    (
+        "draw_linear_residual float32 pos",
+        lambda: sv.draw_linear_residual(LH, jnp.zeros(N, jnp.float32), KEY),
+        TypeError,
+        "pos.*float32",
+    ),
+    (
+        "draw_linear_residual config type",
+        lambda: sv.draw_linear_residual(LH, POS, KEY, sv.NewtonCGConfig()),
+        TypeError,
+        "config must be a CGConfig",
+    ),
+    (
+        "draw_linear_residual likelihood type",
+        lambda: sv.draw_linear_residual(lambda x: x, POS, KEY),
+        TypeError,
+        "lh must be",
+    ),
+    (
+        "nonlinear update residual shape",
+        lambda: sv.nonlinearly_update_residual(LH, POS, RES, KEY, 1.0),
+        ValueError,
+        "residual leaf 0 has shape",
+    ),
+    (
+        "nonlinear update sign array",
+        lambda: sv.nonlinearly_update_residual(LH, POS, POS, KEY, jnp.ones(2)),
+        TypeError,
+        "metric_sample_sign",
+    ),
+    (
+        "nonlinear update batch of keys",
+        lambda: sv.nonlinearly_update_residual(LH, POS, POS, jax.random.split(KEY, 2), 1.0),
+        TypeError,
+        "key.*batch",
+    ),
+    (
+        "nonlinear update config type",
+        lambda: sv.nonlinearly_update_residual(LH, POS, POS, KEY, 1.0, sv.CGConfig()),
+        TypeError,
+        "config must be a NewtonCGConfig",
+    ),
     ("Samples residual without sample axis", lambda: sv.Samples(POS, POS), ValueError, r"residuals leaf 0.*n_samples"),
     ("Samples residual wrong structure", lambda: sv.Samples(POS, {"a": RES}), ValueError, "residuals.*structure"),
-    ("Samples residual dtype", lambda: sv.Samples(POS, RES.astype(jnp.float32)), TypeError,
-     "residuals leaf 0 has dtype float32"),
-    ("Samples residual counts differ", lambda: sv.Samples({"a": POS, "b": POS}, {"a": RES, "b": RES[:1]}),
-     ValueError, "different sample counts"),
+    (
+        "Samples residual dtype",
+        lambda: sv.Samples(POS, RES.astype(jnp.float32)),
+        TypeError,
+        "residuals leaf 0 has dtype float32",
+    ),
+    (
+        "Samples residual counts differ",
+        lambda: sv.Samples({"a": POS, "b": POS}, {"a": RES, "b": RES[:1]}),
+        ValueError,
+        "different sample counts",
+    ),
     ("Samples keys wrong dtype", lambda: sv.Samples(POS, RES, jnp.zeros((1, 2))), TypeError, "keys.*uint32"),
-    ("Samples typed keys", lambda: sv.Samples(POS, RES, jax.random.split(jax.random.key(0), 1)), TypeError,
-     "keys.*uint32"),
-    ("Samples keys wrong count", lambda: sv.Samples(POS, RES, jax.random.split(KEY, 3)), ValueError,
-     "keys holds 3 keys for 2 residuals"),
+    (
+        "Samples typed keys",
+        lambda: sv.Samples(POS, RES, jax.random.split(jax.random.key(0), 1)),
+        TypeError,
+        "keys.*uint32",
+    ),
+    (
+        "Samples keys wrong count",
+        lambda: sv.Samples(POS, RES, jax.random.split(KEY, 3)),
+        ValueError,
+        "keys holds 3 keys for 2 residuals",
+    ),
     ("Samples.at wrong shape", lambda: sv.Samples(POS, RES).at(jnp.zeros(N + 1)), ValueError, "pos leaf 0"),
-    ("Samples.at wrong dtype", lambda: sv.Samples(POS, RES).at(jnp.zeros(N, jnp.float32)), TypeError,
-     "pos leaf 0 has dtype float32"),
-    ("minisanity likelihood of another domain", lambda: sv.minisanity(sv.Samples(POS, RES), DICT_LH), ValueError,
-     "likelihood.*domain"),
+    (
+        "Samples.at wrong dtype",
+        lambda: sv.Samples(POS, RES).at(jnp.zeros(N, jnp.float32)),
+        TypeError,
+        "pos leaf 0 has dtype float32",
+    ),
+    (
+        "minisanity likelihood of another domain",
+        lambda: sv.minisanity(sv.Samples(POS, RES), DICT_LH),
+        ValueError,
+        "likelihood.*domain",
+    ),
     ("minisanity samples type", lambda: sv.minisanity(POS, LH), TypeError, "samples must be"),
 ]
 
@@ -292,13 +503,14 @@ def test_devices_generator_is_read_once_and_one_device_strategies_take_their_dev
     """Item 13: a generator of devices reaches both strategies; item 10: vmap with its own device is fine."""
     opt = sv.OptimizeVI(LH, 1, n_samples=1, sample_map="shard_map", kl_map="pmap", devices=_devices_gen())
     assert opt.sample_strategy.devices == opt.kl_strategy.devices == tuple(jax.devices()[:2])
-    opt = sv.OptimizeVI(LH, 1, n_samples=1, sample_map="vmap", kl_map=sv.parallel.LaxMap(),
-                        devices=jax.devices()[:1])
+    opt = sv.OptimizeVI(LH, 1, n_samples=1, sample_map="vmap", kl_map=sv.parallel.LaxMap(), devices=jax.devices()[:1])
     assert isinstance(opt.sample_strategy, sv.parallel.Vmap) and isinstance(opt.kl_strategy, sv.parallel.LaxMap)
     # a strategy object with devices= equal to its own is not an error
     shard = sv.parallel.ShardMap(devices=jax.devices()[:2])
-    assert sv.OptimizeVI(LH, 1, n_samples=1, sample_map=shard, kl_map=shard,
-                         devices=jax.devices()[:2]).sample_strategy is shard
+    assert (
+        sv.OptimizeVI(LH, 1, n_samples=1, sample_map=shard, kl_map=shard, devices=jax.devices()[:2]).sample_strategy
+        is shard
+    )
 
 
 def test_matching_dtypes_amend_and_keep_their_dtype():
@@ -313,12 +525,12 @@ def test_samples_validation_leaves_jax_transformations_alone():
     """Item 14: Samples checks its inputs, but pytree round trips (vmap axes, tree_map) are not checked."""
     smp = sv.Samples(POS, RES, jax.random.split(KEY, 1))
     assert len(smp) == 2 and len(sv.Samples(POS, RES, jax.random.split(KEY, 2))) == 2  # per pair or per sample
-    axes = jax.tree_util.tree_map(lambda _: 0, smp)   # a Samples holding ints
+    axes = jax.tree_util.tree_map(lambda _: 0, smp)  # a Samples holding ints
     assert axes.pos == 0 and axes.keys == 0
     # built inside vmap from tracers (shapes are checked per batch member), and mapped with an in_axes spec
     means = jax.vmap(lambda r: sv.Samples(POS, r).mean())(jnp.arange(3.0)[:, None, None] * jnp.ones((3, 2, N)))
     np.testing.assert_array_equal(np.asarray(means), np.arange(3.0)[:, None] * np.ones((3, N)))
-    spec = sv.Samples.tree_unflatten(None, (None, 0, None))   # an in_axes spec (the constructor validates)
+    spec = sv.Samples.tree_unflatten(None, (None, 0, None))  # an in_axes spec (the constructor validates)
     batch = sv.Samples.tree_unflatten(None, (POS, jnp.ones((3, 2, N)), None))
     assert jax.vmap(lambda s: s.pos + s.residuals[0], in_axes=(spec,))(batch).shape == (3, N)
     assert sv.Samples({"a": POS, "b": 0.0}, {"a": RES, "b": jnp.zeros(2)}).at({"a": POS, "b": 1.0}).pos["b"] == 1.0

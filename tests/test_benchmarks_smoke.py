@@ -1,9 +1,12 @@
 """The benchmark scripts run (``--smoke``, shardvi side only) and write the documented JSON."""
+
 import json
 import math
 import os
 import subprocess
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmarks")
@@ -15,8 +18,14 @@ def _positive_finite(x):
 
 def _start(script, out):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    return subprocess.Popen([sys.executable, os.path.join(BENCH, script), "--smoke", "--json", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    return subprocess.Popen(
+        [sys.executable, os.path.join(BENCH, script), "--smoke", "--json", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
 
 
 def _finish(proc, name):
@@ -29,6 +38,7 @@ def _finish(proc, name):
     assert "|" in stdout, f"{name} printed no markdown table:\n{stdout[-2000:]}"
 
 
+@pytest.mark.slow
 def test_bench_scaling_and_metric_smoke(tmp_path):
     # both at once: each is mostly XLA compilation in fresh processes
     scaling_json, metric_json = tmp_path / "scaling.json", tmp_path / "metric.json"

@@ -1,5 +1,6 @@
 """Array-only checkpoints: bitwise resume, atomic files, clear errors, no pickle, and no lost data
 (only own files pruned, no silent overwrite, one writer at a time, fingerprinted runs, validated indices)."""
+
 import fcntl
 import hashlib
 import json
@@ -27,14 +28,20 @@ N = 6
 
 def make_lh(n=N):
     rng = np.random.default_rng(0)
-    model = sv.Model(lambda x: jnp.exp(0.5 * x["f"]) + x["g"],
-                     {"f": jax.ShapeDtypeStruct((n,), jnp.float64), "g": jax.ShapeDtypeStruct((), jnp.float64)})
+    model = sv.Model(
+        lambda x: jnp.exp(0.5 * x["f"]) + x["g"],
+        {"f": jax.ShapeDtypeStruct((n,), jnp.float64), "g": jax.ShapeDtypeStruct((), jnp.float64)},
+    )
     return sv.Gaussian(np.exp(0.3 * rng.normal(size=n)) + 0.2, noise_std=0.2).amend(model)
 
 
-KW = dict(n_samples=2, sample_mode=lambda i: "nonlinear_resample" if i < 2 else "nonlinear_update",
-          linear_sampling=sv.CGConfig(tol=1e-8), nonlinear_update=sv.NewtonCGConfig(xtol=1e-8, maxiter=5),
-          kl_minimization=sv.NewtonCGConfig(xtol=1e-8, maxiter=5))
+KW = dict(
+    n_samples=2,
+    sample_mode=lambda i: "nonlinear_resample" if i < 2 else "nonlinear_update",
+    linear_sampling=sv.CGConfig(tol=1e-8),
+    nonlinear_update=sv.NewtonCGConfig(xtol=1e-8, maxiter=5),
+    kl_minimization=sv.NewtonCGConfig(xtol=1e-8, maxiter=5),
+)
 
 
 def pos0(n=N):
@@ -45,14 +52,14 @@ def leaves(samples):
     return [np.asarray(x) for x in jax.tree_util.tree_leaves((samples.pos, samples.residuals, samples.keys))]
 
 
+@pytest.mark.slow
 def test_resume_is_bitwise_equal(tmp_path):
     lh = make_lh()
     key = jax.random.PRNGKey(9)
     straight, st_straight = sv.optimize_kl(lh, pos0(), key=key, n_total_iterations=4, **KW)
     d = str(tmp_path / "ck")
     sv.optimize_kl(lh, pos0(), key=key, n_total_iterations=2, checkpoint_dir=d, **KW)
-    resumed, st_resumed = sv.optimize_kl(lh, pos0(), key=key, n_total_iterations=4, checkpoint_dir=d,
-                                         resume=True, **KW)
+    resumed, st_resumed = sv.optimize_kl(lh, pos0(), key=key, n_total_iterations=4, checkpoint_dir=d, resume=True, **KW)
     assert st_resumed.nit == 4 and len(st_resumed.history) == 4
     for a, b in zip(leaves(straight), leaves(resumed)):
         np.testing.assert_array_equal(a, b)
@@ -60,10 +67,12 @@ def test_resume_is_bitwise_equal(tmp_path):
     assert [r.kl_energy for r in st_straight.history] == [r.kl_energy for r in st_resumed.history]
 
 
+@pytest.mark.slow
 def test_checkpoint_files_and_no_pickle(tmp_path):
     d = str(tmp_path / "ck")
-    samples, state = sv.optimize_kl(make_lh(), pos0(), key=jax.random.PRNGKey(0), n_total_iterations=3,
-                                    checkpoint_dir=d, **KW)
+    samples, state = sv.optimize_kl(
+        make_lh(), pos0(), key=jax.random.PRNGKey(0), n_total_iterations=3, checkpoint_dir=d, **KW
+    )
     files = sorted(os.listdir(d))
     assert files == ["latest.json", "state-000002.npz", "state-000003.npz"]  # the two newest are kept
     meta = json.load(open(os.path.join(d, "latest.json")))
@@ -77,10 +86,12 @@ def test_checkpoint_files_and_no_pickle(tmp_path):
     assert st.nit == 3 and st.history == state.history
 
 
+@pytest.mark.slow
 def test_resume_without_checkpoint_starts_fresh(tmp_path):
     d = str(tmp_path / "empty")
-    a, _ = sv.optimize_kl(make_lh(), pos0(), key=jax.random.PRNGKey(1), n_total_iterations=1,
-                          checkpoint_dir=d, resume=True, **KW)
+    a, _ = sv.optimize_kl(
+        make_lh(), pos0(), key=jax.random.PRNGKey(1), n_total_iterations=1, checkpoint_dir=d, resume=True, **KW
+    )
     b, _ = sv.optimize_kl(make_lh(), pos0(), key=jax.random.PRNGKey(1), n_total_iterations=1, **KW)
     for x, y in zip(leaves(a), leaves(b)):
         np.testing.assert_array_equal(x, y)
@@ -109,8 +120,9 @@ def test_truncated_arrays_are_rejected(written, tmp_path):
     with pytest.raises(sv.CheckpointError, match="SHA-256"):
         sv.load_checkpoint(d, pos0())
     with pytest.raises(sv.CheckpointError):
-        sv.optimize_kl(make_lh(), pos0(), key=jax.random.PRNGKey(0), n_total_iterations=2, checkpoint_dir=d,
-                       resume=True, **KW)
+        sv.optimize_kl(
+            make_lh(), pos0(), key=jax.random.PRNGKey(0), n_total_iterations=2, checkpoint_dir=d, resume=True, **KW
+        )
 
 
 def test_corrupted_index_is_rejected(written, tmp_path):
@@ -137,6 +149,7 @@ def test_pickle_payload_is_never_loaded(written, tmp_path):
     np.savez(npz, **arrays)
     meta = json.load(open(os.path.join(d, "latest.json")))
     import hashlib
+
     meta["sha256"] = hashlib.sha256(open(npz, "rb").read()).hexdigest()
     json.dump(meta, open(os.path.join(d, "latest.json"), "w"))
     with pytest.raises(sv.CheckpointError, match="unreadable"):
@@ -213,27 +226,33 @@ def test_pruning_continues_across_save_calls_and_runs(tmp_path):
     """The list of own files is inherited from the index: a resumed run prunes its predecessor's files."""
     d = str(tmp_path / "ck")
     save_synthetic(d, [1, 2])
-    save_synthetic(d, [3])       # a later call (e.g. a resumed run) continues the list
+    save_synthetic(d, [3])  # a later call (e.g. a resumed run) continues the list
     assert sorted(f for f in os.listdir(d) if f.endswith(".npz")) == ["state-000002.npz", "state-000003.npz"]
 
 
 # -- 2. a fresh run refuses to replace a checkpoint unless overwrite=True ----------------------------
 
+
 def test_fresh_run_into_a_checkpoint_is_refused(written, tmp_path):
     d = copy_dir(written, str(tmp_path / "c"))
     before = {f: open(os.path.join(d, f), "rb").read() for f in os.listdir(d)}
-    with pytest.raises(sv.CheckpointError, match=r"checkpoint_dir .* already holds a checkpoint of iteration 1.*"
-                                                 r"resume=True.*overwrite=True"):
+    with pytest.raises(
+        sv.CheckpointError,
+        match=r"checkpoint_dir .* already holds a checkpoint of iteration 1.*"
+        r"resume=True.*overwrite=True",
+    ):
         sv.optimize_kl(make_lh(), pos0(), key=jax.random.PRNGKey(3), n_total_iterations=2, checkpoint_dir=d, **KW)
     assert {f: open(os.path.join(d, f), "rb").read() for f in os.listdir(d)} == before  # untouched, lock released
 
 
+@pytest.mark.slow
 def test_overwrite_replaces_only_the_old_runs_files(tmp_path):
     d = str(tmp_path / "ck")
-    save_synthetic(d, [5, 6])      # an old run's checkpoints (its index lists both)
+    save_synthetic(d, [5, 6])  # an old run's checkpoints (its index lists both)
     (tmp_path / "ck" / "state-0-backup.npz").write_bytes(b"mine")
-    samples, state = sv.optimize_kl(make_lh(), pos0(), key=jax.random.PRNGKey(3), n_total_iterations=2,
-                                    checkpoint_dir=d, overwrite=True, **KW)
+    samples, state = sv.optimize_kl(
+        make_lh(), pos0(), key=jax.random.PRNGKey(3), n_total_iterations=2, checkpoint_dir=d, overwrite=True, **KW
+    )
     assert sorted(os.listdir(d)) == ["latest.json", "state-0-backup.npz", "state-000001.npz", "state-000002.npz"]
     assert (tmp_path / "ck" / "state-0-backup.npz").read_bytes() == b"mine"
     meta = index(d)
@@ -242,8 +261,9 @@ def test_overwrite_replaces_only_the_old_runs_files(tmp_path):
     for a, b in zip(leaves(samples), leaves(loaded)):
         np.testing.assert_array_equal(a, b)
     # the new run resumes (it is its own checkpoint now)
-    _, st2 = sv.optimize_kl(make_lh(), pos0(), key=jax.random.PRNGKey(3), n_total_iterations=2,
-                            checkpoint_dir=d, resume=True, **KW)
+    _, st2 = sv.optimize_kl(
+        make_lh(), pos0(), key=jax.random.PRNGKey(3), n_total_iterations=2, checkpoint_dir=d, resume=True, **KW
+    )
     assert st2.nit == 2 and st2.history == state.history
 
 
@@ -252,8 +272,12 @@ RESUME_ARGS = [
     ("resume int", dict(resume=1), TypeError, "resume must be False, True or 'force'"),
     ("overwrite type", dict(overwrite="yes"), TypeError, "overwrite must be a bool"),
     ("resume and overwrite", dict(resume=True, overwrite=True), ValueError, "resume and overwrite"),
-    ("overwrite without dir", dict(overwrite=True, checkpoint_dir=None), ValueError,
-     "overwrite=True needs checkpoint_dir"),
+    (
+        "overwrite without dir",
+        dict(overwrite=True, checkpoint_dir=None),
+        ValueError,
+        "overwrite=True needs checkpoint_dir",
+    ),
     ("force without dir", dict(resume="force", checkpoint_dir=None), ValueError, "needs checkpoint_dir"),
 ]
 
@@ -265,16 +289,18 @@ def test_resume_and_overwrite_arguments(case, tmp_path):
     args.update(kw)
     with pytest.raises(exc, match=msg):
         sv.optimize_kl(make_lh(), pos0(), key=jax.random.PRNGKey(0), n_total_iterations=1, **args, **KW)
-    assert not os.path.exists(tmp_path / "ck")   # rejected before anything is created
+    assert not os.path.exists(tmp_path / "ck")  # rejected before anything is created
 
 
 # -- 3. one writer at a time -------------------------------------------------------------------------
 
+
 def start_holder(d):
     """A real second process holding ``d``'s lock; returns (process, pid)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_")}
-    p = subprocess.Popen([sys.executable, LOCK_WORKER, d], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, env=env)
+    p = subprocess.Popen(
+        [sys.executable, LOCK_WORKER, d], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
     ready, _, _ = select.select([p.stdout], [], [], 120)
     line = p.stdout.readline().decode() if ready else ""
     if not line.startswith("locked"):
@@ -300,15 +326,14 @@ def test_second_process_is_refused_and_named(tmp_path):
         assert info["pid"] == pid and info["host"] == socket.gethostname() and "started" in info
         holder = rf"in use by another run: .* held by pid {pid} on host '{socket.gethostname()}'"
         with pytest.raises(sv.CheckpointError, match=holder):
-            sv.optimize_kl(make_lh(), pos0(), key=jax.random.PRNGKey(0), n_total_iterations=1, checkpoint_dir=d,
-                           **KW)
+            sv.optimize_kl(make_lh(), pos0(), key=jax.random.PRNGKey(0), n_total_iterations=1, checkpoint_dir=d, **KW)
         with pytest.raises(sv.CheckpointError, match=holder):
             sv.save_checkpoint(d, *synthetic(1))
         assert not os.path.exists(os.path.join(d, "latest.json"))
     finally:
         stop_holder(p)
     assert p.returncode == 0 and not os.path.exists(os.path.join(d, ckpt.LOCK_NAME))  # released on exit
-    sv.save_checkpoint(d, *synthetic(1))       # now free
+    sv.save_checkpoint(d, *synthetic(1))  # now free
     assert sorted(os.listdir(d)) == ["latest.json", "state-000001.npz"]
 
 
@@ -319,7 +344,7 @@ def test_stale_lock_of_a_dead_process_is_reported_and_taken_over(tmp_path):
     p.send_signal(signal.SIGKILL)
     p.wait(timeout=60)
     p.stdin.close(), p.stdout.close(), p.stderr.close()
-    assert json.load(open(os.path.join(d, ckpt.LOCK_NAME)))["pid"] == pid   # left behind
+    assert json.load(open(os.path.join(d, ckpt.LOCK_NAME)))["pid"] == pid  # left behind
     with pytest.warns(RuntimeWarning, match=rf"took over the stale lock .* pid {pid} .* no longer runs"):
         with ckpt.checkpoint_lock(d):
             assert json.load(open(os.path.join(d, ckpt.LOCK_NAME)))["pid"] == os.getpid()
@@ -359,7 +384,7 @@ def test_lock_is_reentrant_and_released_on_error(tmp_path):
     os.makedirs(d)
     with pytest.raises(RuntimeError, match="boom"):
         with ckpt.checkpoint_lock(d):
-            sv.save_checkpoint(d, *synthetic(1))      # re-entrant: the run's own lock
+            sv.save_checkpoint(d, *synthetic(1))  # re-entrant: the run's own lock
             assert os.path.exists(os.path.join(d, ckpt.LOCK_NAME))
             raise RuntimeError("boom")
     assert not os.path.exists(os.path.join(d, ckpt.LOCK_NAME))
@@ -376,24 +401,29 @@ def test_only_dead_writers_temporaries_of_this_host_are_removed(tmp_path):
     os.makedirs(d)
     tag, other = ckpt_files._host_tag(), ckpt_files._host_tag("some-other-host")
     dead, live = dead_pid(), os.getppid()
-    names = {f".tmp-{dead}-{tag}-abc-state-000001.npz": False,     # a killed writer of this host: removed
-             f".tmp-{live}-{tag}-abc-state-000001.npz": True,      # a live writer: never touched
-             f".tmp-{dead}-{other}-abc-latest.json": True,         # another host: cannot tell, kept
-             ".tmp-abc-latest.json": True}                          # not ours (no pid): kept
+    names = {
+        f".tmp-{dead}-{tag}-abc-state-000001.npz": False,  # a killed writer of this host: removed
+        f".tmp-{live}-{tag}-abc-state-000001.npz": True,  # a live writer: never touched
+        f".tmp-{dead}-{other}-abc-latest.json": True,  # another host: cannot tell, kept
+        ".tmp-abc-latest.json": True,
+    }  # not ours (no pid): kept
     for f in names:
         (tmp_path / "ck" / f).write_bytes(b"x")
     sv.save_checkpoint(d, *synthetic(1))
     for f, kept in names.items():
         assert os.path.exists(os.path.join(d, f)) == kept, f
-    assert not [f for f in os.listdir(d) if f.startswith(f".tmp-{os.getpid()}-")]   # ours are renamed away
+    assert not [f for f in os.listdir(d) if f.startswith(f".tmp-{os.getpid()}-")]  # ours are renamed away
 
 
 # -- 4. fingerprint: resuming a different run is refused, saying what differs ---------------------------
 
+
 def other_model_lh(data_shift=0.0, noise=0.2, kind="gaussian", n=N):
     rng = np.random.default_rng(0)
-    model = sv.Model(lambda x: jnp.exp(0.5 * x["f"]) + x["g"],
-                     {"f": jax.ShapeDtypeStruct((n,), jnp.float64), "g": jax.ShapeDtypeStruct((), jnp.float64)})
+    model = sv.Model(
+        lambda x: jnp.exp(0.5 * x["f"]) + x["g"],
+        {"f": jax.ShapeDtypeStruct((n,), jnp.float64), "g": jax.ShapeDtypeStruct((), jnp.float64)},
+    )
     data = np.exp(0.3 * rng.normal(size=n)) + 0.2 + data_shift
     if kind == "studentt":
         return sv.StudentT(data, dof=3.0, noise_std=noise).amend(model)
@@ -406,11 +436,19 @@ MISMATCHES = [
     ("noise", other_model_lh(noise=0.3), {}, r"\['Gaussian'\]\['noise_std'\]: the values differ"),
     ("likelihood kind", other_model_lh(kind="studentt"), {}, r"likelihood: a different kind.*StudentT"),
     ("n_samples", make_lh(), dict(n_samples=3), r"n_samples at iteration 0: 2 in the checkpoint, 3 now"),
-    ("sample_mode", make_lh(), dict(sample_mode="linear_resample"),
-     r"sample_mode at iteration 0: 'nonlinear_resample' in the checkpoint, 'linear_resample' now"),
+    (
+        "sample_mode",
+        make_lh(),
+        dict(sample_mode="linear_resample"),
+        r"sample_mode at iteration 0: 'nonlinear_resample' in the checkpoint, 'linear_resample' now",
+    ),
     ("mirror_samples", make_lh(), dict(mirror_samples=False), r"mirror_samples: True in the checkpoint, False now"),
-    ("point_estimates", make_lh(), dict(point_estimates=("g",)),
-     r"point_estimates: \[\] in the checkpoint, \[\"\['g'\]\"\] now"),
+    (
+        "point_estimates",
+        make_lh(),
+        dict(point_estimates=("g",)),
+        r"point_estimates: \[\] in the checkpoint, \[\"\['g'\]\"\] now",
+    ),
     ("constants", make_lh(), dict(constants=("f",)), r"constants: \[\] in the checkpoint, \[\"\['f'\]\"\] now"),
 ]
 
@@ -419,26 +457,44 @@ MISMATCHES = [
 def test_resume_of_a_different_run_is_refused(case, written):
     _, lh, over, msg = case
     kw = {**KW, **over}
-    with pytest.raises(sv.CheckpointError, match=r"belongs to a different run:(.|\n)*" + msg + r"(.|\n)*"
-                                                 r"resume='force'"):
-        sv.optimize_kl(lh, pos0(), key=jax.random.PRNGKey(0), n_total_iterations=2, checkpoint_dir=written,
-                       resume=True, **kw)
+    with pytest.raises(
+        sv.CheckpointError,
+        match=r"belongs to a different run:(.|\n)*" + msg + r"(.|\n)*"
+        r"resume='force'",
+    ):
+        sv.optimize_kl(
+            lh, pos0(), key=jax.random.PRNGKey(0), n_total_iterations=2, checkpoint_dir=written, resume=True, **kw
+        )
     assert not os.path.exists(os.path.join(written, ckpt.LOCK_NAME))
 
 
 def test_resume_with_another_latent_structure_is_refused(written):
     lh = make_lh(n=N + 1)
     with pytest.raises(sv.CheckpointError, match="different model structure.*cannot be forced"):
-        sv.optimize_kl(lh, pos0(N + 1), key=jax.random.PRNGKey(0), n_total_iterations=2, checkpoint_dir=written,
-                       resume="force", **KW)
+        sv.optimize_kl(
+            lh,
+            pos0(N + 1),
+            key=jax.random.PRNGKey(0),
+            n_total_iterations=2,
+            checkpoint_dir=written,
+            resume="force",
+            **KW,
+        )
 
 
 def test_resume_force_continues_with_a_warning(written):
     ref, st_ref = sv.load_checkpoint(written, pos0())
     with pytest.warns(RuntimeWarning, match=r"different run \(forced\)(.|\n)*values differ"):
         # n_total_iterations == the checkpoint's: returns it without computing
-        got, st = sv.optimize_kl(other_model_lh(data_shift=0.1), pos0(), key=jax.random.PRNGKey(0),
-                                 n_total_iterations=1, checkpoint_dir=written, resume="force", **KW)
+        got, st = sv.optimize_kl(
+            other_model_lh(data_shift=0.1),
+            pos0(),
+            key=jax.random.PRNGKey(0),
+            n_total_iterations=1,
+            checkpoint_dir=written,
+            resume="force",
+            **KW,
+        )
     assert st.nit == 1 and st.history == st_ref.history
     for a, b in zip(leaves(ref), leaves(got)):
         np.testing.assert_array_equal(a, b)
@@ -450,41 +506,50 @@ def test_fingerprint_follows_data_through_amend_and_sum():
     b = sv.Poisson(np.arange(3.0))
     fp = ckpt.fingerprint((a + b).amend(model), jnp.zeros(3))["likelihood"]
     assert [r[0] for r in fp["leaves"]] == [
-        "['likelihood'][0]['Gaussian']['data']", "['likelihood'][0]['Gaussian']['noise_std']",
-        "['likelihood'][1]['Poisson']['counts']", "['model_output']"]
-    assert fp["unknown"] == [] and fp["leaves"][3][3] is None   # shapes only for the model output
-    assert fp["leaves"][0][3] == ckpt_fp._leaf_record("", np.arange(3.0))[3]   # SHA-256 of the data bytes
+        "['likelihood'][0]['Gaussian']['data']",
+        "['likelihood'][0]['Gaussian']['noise_std']",
+        "['likelihood'][1]['Poisson']['counts']",
+        "['model_output']",
+    ]
+    assert fp["unknown"] == [] and fp["leaves"][3][3] is None  # shapes only for the model output
+    assert fp["leaves"][0][3] == ckpt_fp._leaf_record("", np.arange(3.0))[3]  # SHA-256 of the data bytes
     changed = ckpt.fingerprint((a + sv.Poisson(np.arange(3.0) + 1)).amend(model), jnp.zeros(3))
     assert ckpt_fp._fingerprint_differences({"likelihood": fp}, changed) == [
         f"data ['likelihood'][1]['Poisson']['counts']: the values differ (SHA-256 {fp['leaves'][2][3][:12]}... "
-        f"in the checkpoint, {changed['likelihood']['leaves'][2][3][:12]}... now)"]
+        f"in the checkpoint, {changed['likelihood']['leaves'][2][3][:12]}... now)"
+    ]
     # what is not known is listed, not guessed: a callable noise covariance, a user-built likelihood
     c = sv.Gaussian(np.arange(3.0), noise_cov_inv=lambda r: r, noise_std_inv=lambda r: r)
     assert ckpt.fingerprint(c, jnp.zeros(3))["likelihood"]["unknown"] == ["['Gaussian']['noise_cov_inv']"]
-    user = sv.Likelihood(lambda s: jnp.sum(s ** 2), domain=jax.ShapeDtypeStruct((3,), jnp.float64))
+    user = sv.Likelihood(lambda s: jnp.sum(s**2), domain=jax.ShapeDtypeStruct((3,), jnp.float64))
     assert ckpt.fingerprint(user, jnp.zeros(3))["likelihood"] == {"leaves": [], "unknown": ["<all>"]}
-    user = sv.Likelihood(lambda s: jnp.sum(s ** 2), domain=jax.ShapeDtypeStruct((3,), jnp.float64),
-                         data_leaves={"data": np.arange(3.0)})
+    user = sv.Likelihood(
+        lambda s: jnp.sum(s**2), domain=jax.ShapeDtypeStruct((3,), jnp.float64), data_leaves={"data": np.arange(3.0)}
+    )
     assert ckpt.fingerprint(user, jnp.zeros(3))["likelihood"]["unknown"] == []
 
 
 # -- 5. the whole index and every array are validated before anything runs ----------------------------
 
+
 def _set(key, value):
     def f(meta):
         meta[key] = value
+
     return f
 
 
 def _drop(key):
     def f(meta):
         del meta[key]
+
     return f
 
 
 def _hist(key, value):
     def f(meta):
         meta["history"][0][key] = value
+
     return f
 
 
@@ -511,8 +576,11 @@ INDEX_CASES = [
     ("history dict", _set("history", {}), "history must be a list"),
     ("history entry not object", _set("history", [3]), r"history\[0\] must be an object"),
     ("history missing field", lambda m: m["history"][0].pop("kl_energy"), r"missing field\(s\) \['kl_energy'\]"),
-    ("history status not ints", lambda m: m["history"][0].update(sampling_status=["converged"]),
-     r"history\[0\]\.sampling_status must be a list of ints or null"),
+    (
+        "history status not ints",
+        lambda m: m["history"][0].update(sampling_status=["converged"]),
+        r"history\[0\]\.sampling_status must be a list of ints or null",
+    ),
     ("history unknown field", _hist("evil", 1), r"unknown field\(s\) \['evil'\]"),
     ("history kl_energy string", _hist("kl_energy", "low"), r"history\[0\].kl_energy must be a number"),
     ("history sample_mode", _hist("sample_mode", "fancy"), r"sample_mode must be one of the sample modes"),
@@ -522,8 +590,7 @@ INDEX_CASES = [
     ("files with a path", _set("files", ["../state-000001.npz", "state-000001.npz"]), "files must be a list"),
     ("files without npz", _set("files", ["state-000000.npz"]), "must be distinct and include npz"),
     ("fingerprint list", _set("fingerprint", []), "fingerprint must be"),
-    ("fingerprint leaf", lambda m: m["fingerprint"]["likelihood"]["leaves"].__setitem__(0, "x"),
-     "fingerprint must be"),
+    ("fingerprint leaf", lambda m: m["fingerprint"]["likelihood"]["leaves"].__setitem__(0, "x"), "fingerprint must be"),
 ]
 
 
@@ -558,13 +625,17 @@ def test_unparsable_index_is_a_checkpoint_error(case, written, tmp_path):
 def _arr(name, value):
     def f(arrays):
         arrays[name] = value(arrays[name]) if callable(value) else value
+
     return f
 
 
 ARRAY_CASES = [
     # (id, change of the npz's arrays, message regex)
-    ("pos shape", _arr("pos_0", np.zeros(N + 1)),
-     r"pos_0 \(latent \['f'\]\) has shape \(7,\) float64, expected \(6,\)"),
+    (
+        "pos shape",
+        _arr("pos_0", np.zeros(N + 1)),
+        r"pos_0 \(latent \['f'\]\) has shape \(7,\) float64, expected \(6,\)",
+    ),
     ("pos dtype", _arr("pos_0", lambda a: a.astype(np.float32)), r"pos_0 .* float32, expected \(6,\) float64"),
     ("residuals without sample axis", _arr("residuals_1", np.zeros(())), r"residuals_1 .* expected \(4,\)"),
     ("residuals count", _arr("residuals_0", np.zeros((3, N))), r"residuals_0 .* expected \(4, 6\)"),
@@ -598,8 +669,9 @@ def test_directories_where_files_should_be(written, tmp_path):
     with pytest.raises(sv.CheckpointError, match="is a directory"):
         sv.load_checkpoint(d, pos0())
     with pytest.raises(sv.CheckpointError, match="'latest.json' there is not a regular file"):
-        sv.optimize_kl(make_lh(), pos0(), key=jax.random.PRNGKey(0), n_total_iterations=2, checkpoint_dir=d,
-                       resume=True, **KW)
+        sv.optimize_kl(
+            make_lh(), pos0(), key=jax.random.PRNGKey(0), n_total_iterations=2, checkpoint_dir=d, resume=True, **KW
+        )
 
 
 def test_npz_outside_the_directory_is_never_read(written, tmp_path):
@@ -610,8 +682,9 @@ def test_npz_outside_the_directory_is_never_read(written, tmp_path):
     meta["npz"] = os.path.join("..", "other", "state-000001.npz")
     write_index(d, meta)
     with pytest.raises(sv.CheckpointError, match="npz must be a bare file name"):
-        sv.optimize_kl(make_lh(), pos0(), key=jax.random.PRNGKey(0), n_total_iterations=2, checkpoint_dir=d,
-                       resume=True, **KW)
+        sv.optimize_kl(
+            make_lh(), pos0(), key=jax.random.PRNGKey(0), n_total_iterations=2, checkpoint_dir=d, resume=True, **KW
+        )
     assert os.path.exists(other)
 
 
@@ -631,6 +704,7 @@ def test_version_1_checkpoints_still_load(written, tmp_path):
 
 # -- 6. checkpoint_dir is checked before iteration 0; files follow the umask ----------------------------
 
+
 def bad_dirs(tmp_path):
     (tmp_path / "afile").write_text("x")
     return [
@@ -646,21 +720,28 @@ def test_unusable_checkpoint_dir_fails_before_iteration_0(i, tmp_path):
     _, d, exc, msg = bad_dirs(tmp_path)[i]
     calls = []
     with pytest.raises(exc, match=msg):
-        sv.optimize_kl(make_lh(), pos0(), key=jax.random.PRNGKey(0), n_total_iterations=1, checkpoint_dir=d,
-                       callback=lambda s, st: calls.append(st.nit), **KW)
+        sv.optimize_kl(
+            make_lh(),
+            pos0(),
+            key=jax.random.PRNGKey(0),
+            n_total_iterations=1,
+            checkpoint_dir=d,
+            callback=lambda s, st: calls.append(st.nit),
+            **KW,
+        )
     assert calls == []
 
 
-@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0,
-                    reason="root writes into read-only directories")
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes into read-only directories")
 def test_read_only_checkpoint_dir_fails_before_iteration_0(tmp_path):
     d = tmp_path / "ro"
     d.mkdir()
     d.chmod(0o555)
     try:
         with pytest.raises(sv.CheckpointError, match="checkpoint_dir .* is not writable"):
-            sv.optimize_kl(make_lh(), pos0(), key=jax.random.PRNGKey(0), n_total_iterations=1,
-                           checkpoint_dir=str(d), **KW)
+            sv.optimize_kl(
+                make_lh(), pos0(), key=jax.random.PRNGKey(0), n_total_iterations=1, checkpoint_dir=str(d), **KW
+            )
     finally:
         d.chmod(0o755)
 

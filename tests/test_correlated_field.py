@@ -1,4 +1,5 @@
 """Correlated field: grids and Hartley transforms, spectra vs realized fields, Matern, products, MGVI."""
+
 import math
 
 import jax
@@ -9,10 +10,16 @@ from jax.flatten_util import ravel_pytree
 
 import shardvi as sv
 from shardvi.models import (
-    CorrelatedFieldMaker, LogNormal, RegularGrid, harmonic_to_position, hartley, position_to_harmonic, power_analyze,
+    CorrelatedFieldMaker,
+    LogNormal,
+    RegularGrid,
+    harmonic_to_position,
+    hartley,
+    position_to_harmonic,
+    power_analyze,
 )
 
-Z = 5.0          # tolerance in standard errors (fixed keys: deterministic)
+Z = 5.0  # tolerance in standard errors (fixed keys: deterministic)
 N_DRAWS = 200
 
 
@@ -36,20 +43,51 @@ def make_field(config, dtype=jnp.float64):
         cf.add_fluctuations((8, 8, 6), 1.0, fluctuations=(0.7, 0.2), loglogavgslope=(-3.0, 0.5), prefix="x")
     elif config == "product":
         cf.add_fluctuations((16, 16), 1.0, **full, prefix="sp")
-        cf.add_fluctuations_matern(8, 0.25, scale=(0.4, 0.1), cutoff=(1.0, 0.2), loglogslope=(-4.0, 0.5),
-                                   prefix="nu")
+        cf.add_fluctuations_matern(8, 0.25, scale=(0.4, 0.1), cutoff=(1.0, 0.2), loglogslope=(-4.0, 0.5), prefix="nu")
     return cf.finalize()
 
 
 EXPECTED = {
-    "1d": ((64,), {"cfzeromode": (), "cfxfluctuations": (), "cfxloglogavgslope": (), "cfxflexibility": (),
-                   "cfxasperity": (), "cfxspectrum": (2, 31), "cfxi": (64,)}),
-    "2d": ((16, 24), {"cfzeromode": (), "cfxfluctuations": (), "cfxloglogavgslope": (), "cfxflexibility": (),
-                      "cfxasperity": (), "cfxspectrum": (2, None), "cfxi": (16, 24)}),
+    "1d": (
+        (64,),
+        {
+            "cfzeromode": (),
+            "cfxfluctuations": (),
+            "cfxloglogavgslope": (),
+            "cfxflexibility": (),
+            "cfxasperity": (),
+            "cfxspectrum": (2, 31),
+            "cfxi": (64,),
+        },
+    ),
+    "2d": (
+        (16, 24),
+        {
+            "cfzeromode": (),
+            "cfxfluctuations": (),
+            "cfxloglogavgslope": (),
+            "cfxflexibility": (),
+            "cfxasperity": (),
+            "cfxspectrum": (2, None),
+            "cfxi": (16, 24),
+        },
+    ),
     "3d": ((8, 8, 6), {"cfzeromode": (), "cfxfluctuations": (), "cfxloglogavgslope": (), "cfxi": (8, 8, 6)}),
-    "product": ((16, 16, 8), {"cfzeromode": (), "cfspfluctuations": (), "cfsploglogavgslope": (),
-                              "cfspflexibility": (), "cfspasperity": (), "cfspspectrum": (2, None),
-                              "cfnuscale": (), "cfnucutoff": (), "cfnuloglogslope": (), "cfxi": (16, 16, 8)}),
+    "product": (
+        (16, 16, 8),
+        {
+            "cfzeromode": (),
+            "cfspfluctuations": (),
+            "cfsploglogavgslope": (),
+            "cfspflexibility": (),
+            "cfspasperity": (),
+            "cfspspectrum": (2, None),
+            "cfnuscale": (),
+            "cfnucutoff": (),
+            "cfnuloglogslope": (),
+            "cfxi": (16, 16, 8),
+        },
+    ),
 }
 
 
@@ -65,7 +103,7 @@ def test_shapes_dtypes_and_latent_names(config, dtype):
         assert model.domain[name].dtype == dtype
         if s is not None and None not in s:
             assert model.domain[name].shape == s, name
-    if config != "3d":   # spectrum excitations: (2, number of non-zero |k| nodes - 1)
+    if config != "3d":  # spectrum excitations: (2, number of non-zero |k| nodes - 1)
         spec = next(n for n in names if n.endswith("spectrum"))
         assert model.domain[spec].shape == (2, len(model.grids[0].mode_lengths) - 2)
     assert model.target.shape == shape and model.target.dtype == dtype
@@ -90,19 +128,21 @@ def test_grid_modes():
 @pytest.mark.parametrize("shape,dist", [((32,), 0.3), ((12, 10), (0.5, 2.0)), ((6, 8, 5), (1.0, 0.2, 3.0))])
 def test_hartley_roundtrip_and_parseval(shape, dist):
     grid = RegularGrid(shape, dist)
-    s = jax.random.normal(jax.random.PRNGKey(1), (3,) + shape)          # a leading batch axis
+    s = jax.random.normal(jax.random.PRNGKey(1), (3,) + shape)  # a leading batch axis
     S = position_to_harmonic(s, grid)
     np.testing.assert_allclose(harmonic_to_position(S, grid), s, atol=1e-12)
     np.testing.assert_allclose(hartley(hartley(s[0])), grid.size * s[0], atol=1e-10)
     dx, dk = math.prod(grid.distances), math.prod(grid.harmonic_distances)
-    np.testing.assert_allclose(jnp.sum(s ** 2, axis=tuple(range(1, s.ndim))) * dx,
-                               jnp.sum(S ** 2, axis=tuple(range(1, s.ndim))) * dk, rtol=1e-12)
+    np.testing.assert_allclose(
+        jnp.sum(s**2, axis=tuple(range(1, s.ndim))) * dx, jnp.sum(S**2, axis=tuple(range(1, s.ndim))) * dk, rtol=1e-12
+    )
     # Hartley == Re + Im of numpy's FFT; binned power: sum(mult * P) / V == mean(s^2)
     f = np.fft.fftn(np.asarray(s[0]))
     np.testing.assert_allclose(hartley(s[0]), f.real + f.imag, atol=1e-10)
     p = power_analyze(s, grid)
-    np.testing.assert_allclose(p @ grid.multiplicity / grid.total_volume,
-                               jnp.mean(s ** 2, axis=tuple(range(1, s.ndim))), rtol=1e-12)
+    np.testing.assert_allclose(
+        p @ grid.multiplicity / grid.total_volume, jnp.mean(s**2, axis=tuple(range(1, s.ndim))), rtol=1e-12
+    )
 
 
 def test_field_is_harmonic_to_position_of_sqrt_vp_xi():
@@ -120,12 +160,14 @@ def test_field_is_harmonic_to_position_of_sqrt_vp_xi():
 # ----------------------------------------------------------------------------- statistics
 def _realize(model, xi0, keys, vary="xi"):
     """Fields for many draws: only ``cfxi`` redrawn (vary="xi") or all latents (vary="all")."""
+
     def one(k):
         if vary == "all":
             return model(init(model, k))
         x = dict(xi0)
         x["cfxi"] = jax.random.normal(k, xi0["cfxi"].shape, xi0["cfxi"].dtype)
         return model(x)
+
     return jax.jit(jax.vmap(one))(keys)
 
 
@@ -155,8 +197,15 @@ def test_field_std_matches_fluctuations():
     """Pixel variance about each draw's mean (zero mode removed) == fluctuations^2, all latents random."""
     cf = CorrelatedFieldMaker("cf")
     cf.set_amplitude_total_offset(2.0, (0.5, 0.2))
-    cf.add_fluctuations((32, 32), 0.1, fluctuations=(0.7, 1e-6), loglogavgslope=(-3.0, 0.5),
-                        flexibility=(0.8, 0.3), asperity=(0.2, 0.1), prefix="x")
+    cf.add_fluctuations(
+        (32, 32),
+        0.1,
+        fluctuations=(0.7, 1e-6),
+        loglogavgslope=(-3.0, 0.5),
+        flexibility=(0.8, 0.3),
+        asperity=(0.2, 0.1),
+        prefix="x",
+    )
     model = cf.finalize()
     fields = _realize(model, None, jax.random.split(jax.random.PRNGKey(5), N_DRAWS), vary="all")
     v = np.asarray(jnp.mean((fields - fields.mean(axis=(1, 2), keepdims=True)) ** 2, axis=(1, 2)))
@@ -172,28 +221,30 @@ def test_product_field_variances():
     azm, f_sp, f_nu = 0.5, 0.6, 0.3
     cf = CorrelatedFieldMaker("cf")
     cf.set_amplitude_total_offset(0.0, (azm, 1e-7))
-    cf.add_fluctuations((16, 16), 1.0, fluctuations=(f_sp, 1e-7), loglogavgslope=(-3.0, 0.5),
-                        flexibility=(0.5, 0.2), prefix="sp")
-    cf.add_fluctuations_matern(16, 0.25, scale=(f_nu, 1e-7), cutoff=(1.0, 0.2), loglogslope=(-4.0, 0.5),
-                               prefix="nu")
+    cf.add_fluctuations(
+        (16, 16), 1.0, fluctuations=(f_sp, 1e-7), loglogavgslope=(-3.0, 0.5), flexibility=(0.5, 0.2), prefix="sp"
+    )
+    cf.add_fluctuations_matern(16, 0.25, scale=(f_nu, 1e-7), cutoff=(1.0, 0.2), loglogslope=(-4.0, 0.5), prefix="nu")
     model = cf.finalize()
     fields = _realize(model, None, jax.random.split(jax.random.PRNGKey(6), N_DRAWS), vary="all")
     v = np.asarray(jnp.var(fields.reshape(N_DRAWS, -1), axis=1))
-    total2 = azm ** 2 * ((1 + (f_sp / azm) ** 2) * (1 + (f_nu / azm) ** 2) - 1)
+    total2 = azm**2 * ((1 + (f_sp / azm) ** 2) * (1 + (f_nu / azm) ** 2) - 1)
     assert abs(v.mean() - total2) < Z * v.std() / math.sqrt(N_DRAWS), (v.mean(), total2)
     xi = init(model, jax.random.PRNGKey(0))
     np.testing.assert_allclose(model.total_fluctuations(xi) ** 2, total2, rtol=1e-5)
     # averaging over the spatial axes keeps the modes (0, 0, k_nu): their std is f_nu
     spec = fields.mean(axis=(1, 2))
     w = np.asarray(jnp.var(spec, axis=1))
-    assert abs(w.mean() - f_nu ** 2) < Z * w.std() / math.sqrt(N_DRAWS), (w.mean(), f_nu ** 2)
+    assert abs(w.mean() - f_nu**2) < Z * w.std() / math.sqrt(N_DRAWS), (w.mean(), f_nu**2)
 
 
 def _pinned_iwp_var(t, T, sigma, asp):
     """Variance of y(t) - y(T) t / T for an integrated Wiener process (plus Brownian asperity part)."""
+
     def cov(s, u):
         s, u = min(s, u), max(s, u)
-        return sigma ** 2 * (s * s * u / 2 - s ** 3 / 6 + asp * s)
+        return sigma**2 * (s * s * u / 2 - s**3 / 6 + asp * s)
+
     return cov(t, t) - 2 * t / T * cov(t, T) + (t / T) ** 2 * cov(T, T)
 
 
@@ -202,14 +253,15 @@ def test_log_spectrum_is_a_pinned_integrated_wiener_process(asperity):
     flex, n_draws = 0.8, 4000
     cf = CorrelatedFieldMaker("cf")
     cf.set_amplitude_total_offset(0.0, 1.0)
-    cf.add_fluctuations(64, 1.0, fluctuations=1.0, loglogavgslope=-2.0, flexibility=flex, asperity=asperity,
-                        prefix="x", kind="power")
+    cf.add_fluctuations(
+        64, 1.0, fluctuations=1.0, loglogavgslope=-2.0, flexibility=flex, asperity=asperity, prefix="x", kind="power"
+    )
     model = cf.finalize()
     amp = model.amplitudes[0]
     t = amp.grid.log_mode_lengths
     exc = jax.random.normal(jax.random.PRNGKey(8), (n_draws,) + model.domain["cfxspectrum"].shape)
     logp = jax.jit(jax.vmap(lambda e: amp.log_power({"cfxspectrum": e}, jnp.float64)))(exc)
-    dev = np.asarray(logp - logp[:, :1]) - (-2.0) * t        # y(t) - y(0), y(0) = 0
+    dev = np.asarray(logp - logp[:, :1]) - (-2.0) * t  # y(t) - y(0), y(0) = 0
     np.testing.assert_allclose(dev[:, -1], 0.0, atol=1e-10)  # end point pinned: slope is the average slope
     for j in (3, 10, 20, 28):
         want = _pinned_iwp_var(t[j], t[-1], flex, asperity or 0.0)
@@ -227,7 +279,7 @@ def test_power_law_slope(kind, factor):
     k, p = model.k_lengths[0][1:], np.asarray(model.power_spectrum(xi))[1:]
     np.testing.assert_allclose(np.diff(np.log(p)) / np.diff(np.log(k)), factor * -1.5, rtol=1e-10)
     g = model.grids[0]
-    np.testing.assert_allclose(g.multiplicity[1:] @ p / g.total_volume, 0.4 ** 2, rtol=1e-12)
+    np.testing.assert_allclose(g.multiplicity[1:] @ p / g.total_volume, 0.4**2, rtol=1e-12)
 
 
 @pytest.mark.parametrize("renormalize", [True, False])
@@ -235,10 +287,17 @@ def test_matern_spectrum_closed_form(renormalize):
     scale, cutoff, slope = 0.8, 0.2, -5.0
     cf = CorrelatedFieldMaker("cf")
     cf.set_amplitude_total_offset(0.0, 1.0)
-    cf.add_fluctuations_matern((24, 24), 0.7, scale=(scale, 1e-9), cutoff=(cutoff, 1e-9), loglogslope=(slope, 1e-9),
-                               renormalize_amplitude=renormalize, prefix="m")
+    cf.add_fluctuations_matern(
+        (24, 24),
+        0.7,
+        scale=(scale, 1e-9),
+        cutoff=(cutoff, 1e-9),
+        loglogslope=(slope, 1e-9),
+        renormalize_amplitude=renormalize,
+        prefix="m",
+    )
     model = cf.finalize()
-    assert set(model.domain) == {"cfmscale", "cfmcutoff", "cfmloglogslope", "cfxi"}   # offset_std fixed
+    assert set(model.domain) == {"cfmscale", "cfmcutoff", "cfmloglogslope", "cfxi"}  # offset_std fixed
     xi = init(model, jax.random.PRNGKey(0))
     g = model.grids[0]
     k = g.mode_lengths[1:]
@@ -247,9 +306,9 @@ def test_matern_spectrum_closed_form(renormalize):
     np.testing.assert_allclose(p / p[0], shape / shape[0], rtol=1e-6)
     var = g.multiplicity[1:] @ p / g.total_volume
     if renormalize:
-        np.testing.assert_allclose(var, scale ** 2, rtol=1e-6)
+        np.testing.assert_allclose(var, scale**2, rtol=1e-6)
     else:
-        np.testing.assert_allclose(p, scale ** 2 * shape, rtol=1e-6)
+        np.testing.assert_allclose(p, scale**2 * shape, rtol=1e-6)
     np.testing.assert_allclose(model.fluctuations(xi), math.sqrt(var), rtol=1e-6)
 
 
@@ -276,6 +335,7 @@ def test_differentiable_and_jittable():
     # directional derivative vs central differences
     d = init(model, jax.random.PRNGKey(6))
     h = 1e-5
+
     def shifted(sign):
         return loss(jax.tree.map(lambda a, b: a + sign * h * b, xi, d))
 
@@ -284,11 +344,13 @@ def test_differentiable_and_jittable():
     np.testing.assert_allclose(ad, fd, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_mgvi_reconstruction_1d():
     cf = CorrelatedFieldMaker("cf")
     cf.set_amplitude_total_offset(0.0, (1.0, 0.5))
-    cf.add_fluctuations(64, 1.0 / 64, fluctuations=(1.0, 0.5), loglogavgslope=(-2.0, 0.5),
-                        flexibility=(0.5, 0.2), prefix="x")
+    cf.add_fluctuations(
+        64, 1.0 / 64, fluctuations=(1.0, 0.5), loglogavgslope=(-2.0, 0.5), flexibility=(0.5, 0.2), prefix="x"
+    )
     model = cf.finalize()
     truth = model(init(model, jax.random.PRNGKey(21)))
     noise = 0.1
@@ -297,9 +359,15 @@ def test_mgvi_reconstruction_1d():
     pos = jax.tree.map(jnp.zeros_like, init(model, jax.random.PRNGKey(0)))
     chi2_start = float(jnp.mean(((data - model(pos)) / noise) ** 2))
     samples, state = sv.optimize_kl(
-        lh, pos, key=jax.random.PRNGKey(23), n_total_iterations=4, n_samples=2, sample_mode="linear_sample",
+        lh,
+        pos,
+        key=jax.random.PRNGKey(23),
+        n_total_iterations=4,
+        n_samples=2,
+        sample_mode="linear_sample",
         linear_sampling=sv.CGConfig(tol=1e-5, maxiter=100),
-        kl_minimization=sv.NewtonCGConfig(xtol=1e-5, maxiter=15))
+        kl_minimization=sv.NewtonCGConfig(xtol=1e-5, maxiter=15),
+    )
     chi2 = [r.chi2_likelihood for r in state.history]
     assert chi2_start > 20 and all(np.isfinite(chi2))
     assert chi2[-1] < 2.0 and chi2[-1] < chi2[0] < chi2_start, chi2
@@ -353,8 +421,9 @@ def test_bad_parameters():
 def test_prior_objects_accepted():
     cf = CorrelatedFieldMaker("cf")
     cf.set_amplitude_total_offset(0.0, LogNormal(1.0, 0.1))
-    cf.add_fluctuations(16, 1.0, fluctuations=sv.models.InvGamma(5.0, 4.0), loglogavgslope=sv.models.Uniform(-4, -1),
-                        prefix="x")
+    cf.add_fluctuations(
+        16, 1.0, fluctuations=sv.models.InvGamma(5.0, 4.0), loglogavgslope=sv.models.Uniform(-4, -1), prefix="x"
+    )
     model = cf.finalize()
     xi = {k: jnp.zeros(v.shape) for k, v in model.domain.items()}
     hp = model.hyperparameters(xi)

@@ -3,6 +3,7 @@
 Each demo's ``main(argv)`` is called in this process (float64 and 4 forced CPU devices
 from conftest); ``main`` returns the exit status: 0 only if the demo's own checks held.
 """
+
 import importlib.util
 import logging
 import os
@@ -58,13 +59,15 @@ def number(pattern, text):
     return float(m.group(1))
 
 
+@pytest.mark.slow
 def test_flagship_meets_chi2_and_coverage(tmp_path, capsys):
     demo = load("correlated_field_2d")
-    status = demo.main(["--npix", "48", "--n-samples", "8", "--iterations", "6", "--seed", "0", "--quiet",
-                        "--output", str(tmp_path)])
+    status = demo.main(
+        ["--npix", "48", "--n-samples", "8", "--iterations", "6", "--seed", "0", "--quiet", "--output", str(tmp_path)]
+    )
     out, err = capsys.readouterr()
     assert status == 0, out
-    assert "iteration" not in err                                  # --quiet: no progress
+    assert "iteration" not in err  # --quiet: no progress
     chi2 = number(r"reduced chi\^2 of the likelihood residual .*?: ([0-9.]+)", out)
     cov = number(r"truth within posterior mean \+- 2 std: ([0-9.]+) %", out)
     assert abs(chi2 - 1) <= demo.CHI2_TOL and cov >= 100 * demo.COVERAGE_MIN
@@ -83,10 +86,28 @@ def test_checks_reject_bad_results():
     assert len(radio_check(1.5, 0.7, 0.8)) == 2
 
 
+@pytest.mark.slow
 def test_radio_imaging(tmp_path, capsys):
     demo = load("radio_imaging")
-    status = demo.main(["--npix", "32", "--antennas", "8", "--times", "8", "--n-samples", "2", "--iterations", "3",
-                        "--linear-iterations", "3", "--quiet", "--output", str(tmp_path)])
+    status = demo.main(
+        [
+            "--npix",
+            "32",
+            "--antennas",
+            "8",
+            "--times",
+            "8",
+            "--n-samples",
+            "2",
+            "--iterations",
+            "3",
+            "--linear-iterations",
+            "3",
+            "--quiet",
+            "--output",
+            str(tmp_path),
+        ]
+    )
     out = capsys.readouterr().out
     assert status == 0, out
     c_mean = number(r"correlation with the truth: posterior mean ([0-9.-]+)", out)
@@ -95,10 +116,28 @@ def test_radio_imaging(tmp_path, capsys):
     assert_pngs(tmp_path, ["reconstruction.png", "samples.png", "uv_coverage.png", "convergence.png"])
 
 
+@pytest.mark.slow
 def test_multi_device_comparison_is_bitwise(tmp_path, capsys):
     demo = load("multi_device_comparison")
-    status = demo.main(["--devices", "4", "--strategy", "shard_map", "--npix", "16", "--n-samples", "3",
-                        "--iterations", "1", "--linear-iterations", "1", "--quiet", "--output", str(tmp_path)])
+    status = demo.main(
+        [
+            "--devices",
+            "4",
+            "--strategy",
+            "shard_map",
+            "--npix",
+            "16",
+            "--n-samples",
+            "3",
+            "--iterations",
+            "1",
+            "--linear-iterations",
+            "1",
+            "--quiet",
+            "--output",
+            str(tmp_path),
+        ]
+    )
     out = capsys.readouterr().out
     assert status == 0, out
     for key in ("samples", "mean", "std", "kl_energy"):
@@ -106,20 +145,23 @@ def test_multi_device_comparison_is_bitwise(tmp_path, capsys):
     assert_pngs(tmp_path, ["comparison.png"])
 
 
-@pytest.mark.parametrize("name, argv, flag", [
-    ("correlated_field_2d", ["--npix", "4"], "--npix"),
-    ("correlated_field_2d", ["--n-samples", "0"], "--n-samples"),
-    ("correlated_field_2d", ["--strategy", "nope"], "--strategy"),
-    ("correlated_field_2d", ["--strategy", "vmap", "--devices", "2"], "--strategy vmap"),
-    ("correlated_field_2d", ["--iterations", "2", "--linear-iterations", "3"], "--linear-iterations"),
-    ("correlated_field_2d", ["--noise-std", "-1"], "--noise-std"),
-    ("radio_imaging", ["--antennas", "2"], "--antennas"),
-    ("radio_imaging", ["--noise-level", "0"], "--noise-level"),
-    ("multi_device_comparison", ["--strategy", "vmap"], "--strategy"),
-    ("multi_device_comparison", ["--devices", "1"], "--devices"),
-    ("multi_device_comparison", ["--reduce", "sum"], "--reduce"),
-    ("multi_device_comparison", ["--devices", "64"], "--devices=64"),
-])
+@pytest.mark.parametrize(
+    "name, argv, flag",
+    [
+        ("correlated_field_2d", ["--npix", "4"], "--npix"),
+        ("correlated_field_2d", ["--n-samples", "0"], "--n-samples"),
+        ("correlated_field_2d", ["--strategy", "nope"], "--strategy"),
+        ("correlated_field_2d", ["--strategy", "vmap", "--devices", "2"], "--strategy vmap"),
+        ("correlated_field_2d", ["--iterations", "2", "--linear-iterations", "3"], "--linear-iterations"),
+        ("correlated_field_2d", ["--noise-std", "-1"], "--noise-std"),
+        ("radio_imaging", ["--antennas", "2"], "--antennas"),
+        ("radio_imaging", ["--noise-level", "0"], "--noise-level"),
+        ("multi_device_comparison", ["--strategy", "vmap"], "--strategy"),
+        ("multi_device_comparison", ["--devices", "1"], "--devices"),
+        ("multi_device_comparison", ["--reduce", "sum"], "--reduce"),
+        ("multi_device_comparison", ["--devices", "64"], "--devices=64"),
+    ],
+)
 def test_bad_flags_name_the_argument(name, argv, flag, tmp_path):
     # start the backend with conftest's 4 CPU devices: run first in a process, --devices 64 would force 64
     jax.devices()
@@ -129,14 +171,22 @@ def test_bad_flags_name_the_argument(name, argv, flag, tmp_path):
 
 
 COMMON_FLAGS = ("--n-samples", "--iterations", "--strategy", "--devices", "--seed", "--output", "--quiet")
-SCRIPTS = [[os.path.join("demos", f"{name}.py")] for name in
-           ("correlated_field_2d", "radio_imaging", "multi_device_comparison", "wiener_filter_1d")]
+SCRIPTS = [
+    [os.path.join("demos", f"{name}.py")]
+    for name in ("correlated_field_2d", "radio_imaging", "multi_device_comparison", "wiener_filter_1d")
+]
 
 
 def run_script(args):
     """``python -X importtime ARGS`` from the repository root; returns (rc, stdout, imported module names)."""
-    res = subprocess.run([sys.executable, "-X", "importtime"] + args, capture_output=True, text=True, cwd=ROOT,
-                         timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    res = subprocess.run(
+        [sys.executable, "-X", "importtime"] + args,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
     imported = {ln.rsplit("|", 1)[1].strip() for ln in res.stderr.splitlines() if ln.startswith("import time:")}
     errors = [ln for ln in res.stderr.splitlines() if not ln.startswith("import time:")]
     return res.returncode, res.stdout, imported, "\n".join(errors)
@@ -147,20 +197,26 @@ def test_help_lists_the_common_flags_without_importing_jax(script):
     rc, out, imported, err = run_script(script + ["--help"])
     assert rc == 0, err
     assert "usage:" in out
-    heavy = sorted(m for m in imported if m.split(".")[0] in ("jax", "jaxlib", "matplotlib", "jax_finufft")
-                   or m.startswith("shardvi."))
+    heavy = sorted(
+        m
+        for m in imported
+        if m.split(".")[0] in ("jax", "jaxlib", "matplotlib", "jax_finufft") or m.startswith("shardvi.")
+    )
     assert heavy == [], heavy
     flags = set(re.findall(r"--[a-z][a-z-]*", out))
-    expected = set(COMMON_FLAGS) - ({"--output"} if script[0] == "-m" else set())   # compare writes no figures
+    expected = set(COMMON_FLAGS) - ({"--output"} if script[0] == "-m" else set())  # compare writes no figures
     assert expected <= flags, expected - flags
     assert "--samples" not in flags
 
 
-@pytest.mark.parametrize("script, argv, message", [
-    (SCRIPTS[3], ["--n-samples", "0"], "error: --n-samples must be an int >= 1, got 0"),
-    (SCRIPTS[2], ["--reduce", "sum"], "error: --reduce must be one of ('fixed', 'psum'), got 'sum'"),
-    (SCRIPTS[0], ["--samples", "3"], "unrecognized arguments: --samples 3"),
-])
+@pytest.mark.parametrize(
+    "script, argv, message",
+    [
+        (SCRIPTS[3], ["--n-samples", "0"], "error: --n-samples must be an int >= 1, got 0"),
+        (SCRIPTS[2], ["--reduce", "sum"], "error: --reduce must be one of ('fixed', 'psum'), got 'sum'"),
+        (SCRIPTS[0], ["--samples", "3"], "unrecognized arguments: --samples 3"),
+    ],
+)
 def test_scripts_reject_bad_flags_before_importing_jax(script, argv, message):
     rc, out, imported, err = run_script(script + argv)
     assert rc == 2 and message in err
@@ -170,20 +226,43 @@ def test_scripts_reject_bad_flags_before_importing_jax(script, argv, message):
 def test_readme_names_the_common_flags():
     with open(os.path.join(ROOT, "README.md")) as f:
         readme = f.read()
-    demos = readme[readme.index("## Demos"):readme.index("| command |")]
+    demos = readme[readme.index("## Demos") : readme.index("| command |")]
     assert all(f"`{flag}`" in demos for flag in COMMON_FLAGS)
     assert "--samples" not in readme.replace("--n-samples", "")
 
 
 def test_multi_device_flag_values_match_shardvi():
     from shardvi import parallel
+
     demo = load("multi_device_comparison")
     assert demo.MULTI_DEVICE_NAMES == tuple(demo.MULTI_DEVICE)
     assert demo.REDUCE_MODES == tuple(parallel.REDUCE_MODES)
 
 
 def test_wiener_demo_takes_the_common_flags():
-    args = load("wiener_filter_1d").parse(["--n-samples", "3", "--strategy", "shard_map", "--devices", "2",
-                                           "--quiet", "--seed", "1", "--iterations", "2", "--output", "x"])
-    assert (args.n_samples, args.strategy, args.devices, args.quiet, args.seed, args.iterations, args.output) == \
-        (3, "shard_map", 2, True, 1, 2, "x")
+    args = load("wiener_filter_1d").parse(
+        [
+            "--n-samples",
+            "3",
+            "--strategy",
+            "shard_map",
+            "--devices",
+            "2",
+            "--quiet",
+            "--seed",
+            "1",
+            "--iterations",
+            "2",
+            "--output",
+            "x",
+        ]
+    )
+    assert (args.n_samples, args.strategy, args.devices, args.quiet, args.seed, args.iterations, args.output) == (
+        3,
+        "shard_map",
+        2,
+        True,
+        1,
+        2,
+        "x",
+    )

@@ -1,4 +1,5 @@
 """Multi-process runs: two processes on 127.0.0.1 (2 CPU devices each) give bitwise the one-process result."""
+
 import os
 import socket
 import subprocess
@@ -7,9 +8,9 @@ import sys
 import jax
 import numpy as np
 import pytest
+from _parallel_problem import final_arrays, reference_steps
 
 import shardvi as sv
-from _parallel_problem import final_arrays, reference_steps
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TIMEOUT = 180  # seconds for both processes together
@@ -23,12 +24,22 @@ def _free_port() -> int:
 
 def _run_two_processes(strategy, out):
     port = _free_port()
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(HERE), HERE, os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE, os.environ.get("PYTHONPATH", "")]),
+    )
     env.pop("XLA_FLAGS", None)
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "_distributed_worker.py"), str(port), str(i),
-                               out, strategy], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "_distributed_worker.py"), str(port), str(i), out, strategy],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
     logs = []
     try:
         for p in procs:
@@ -41,6 +52,7 @@ def _run_two_processes(strategy, out):
         assert p.returncode == 0, f"process {i} failed:\n{log[-3000:]}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["shard_map"])
 def test_two_processes_bitwise_equal_to_one_process(tmp_path, strategy):
     out = str(tmp_path / "result.npz")
@@ -54,15 +66,24 @@ def test_two_processes_bitwise_equal_to_one_process(tmp_path, strategy):
         assert a.shape == b.shape and np.array_equal(a, b), f"array {i} differs"
 
 
-@pytest.mark.parametrize("kwargs,exc,match", [
-    (dict(coordinator_address="localhost", num_processes=2, process_id=0), ValueError, "host:port"),
-    (dict(coordinator_address="127.0.0.1:1234", num_processes=0, process_id=0), ValueError, "num_processes"),
-    (dict(coordinator_address="127.0.0.1:1234", num_processes=2, process_id=2), ValueError, "process_id"),
-    (dict(coordinator_address="127.0.0.1:1234", num_processes=2, process_id=0, local_device_count=0),
-     ValueError, "local_device_count"),
-    (dict(coordinator_address="127.0.0.1:1234", num_processes=2, process_id=0, bind_address=5), ValueError,
-     "bind_address"),
-])
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        (dict(coordinator_address="localhost", num_processes=2, process_id=0), ValueError, "host:port"),
+        (dict(coordinator_address="127.0.0.1:1234", num_processes=0, process_id=0), ValueError, "num_processes"),
+        (dict(coordinator_address="127.0.0.1:1234", num_processes=2, process_id=2), ValueError, "process_id"),
+        (
+            dict(coordinator_address="127.0.0.1:1234", num_processes=2, process_id=0, local_device_count=0),
+            ValueError,
+            "local_device_count",
+        ),
+        (
+            dict(coordinator_address="127.0.0.1:1234", num_processes=2, process_id=0, bind_address=5),
+            ValueError,
+            "bind_address",
+        ),
+    ],
+)
 def test_initialize_distributed_rejects_bad_arguments(kwargs, exc, match):
     with pytest.raises(exc, match=match):
         sv.parallel.initialize_distributed(**kwargs)

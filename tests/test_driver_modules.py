@@ -1,4 +1,5 @@
 """The driver's pieces outside ``optimize_kl.py``: import graph, sample-mode policy, chi^2 sums."""
+
 import ast
 import pathlib
 
@@ -55,26 +56,30 @@ def _reachable(start):
 
 def test_checkpoint_does_not_import_the_driver():
     """``vi.checkpoint`` -> ``vi.optimize_kl`` is no edge (the driver imports checkpoints: no cycle)."""
-    ckpt = ["shardvi.vi.checkpoint"] + [f"shardvi.vi.checkpoint.{p.stem}"
-                                        for p in (ROOT / "vi" / "checkpoint").glob("*.py") if p.stem != "__init__"]
+    ckpt = ["shardvi.vi.checkpoint"] + [
+        f"shardvi.vi.checkpoint.{p.stem}" for p in (ROOT / "vi" / "checkpoint").glob("*.py") if p.stem != "__init__"
+    ]
     reach = _reachable(ckpt)
     assert "shardvi.vi.state" in reach and "shardvi.vi.optimize_kl" not in reach, sorted(reach)
     assert "shardvi.vi.checkpoint" in _imports("shardvi.vi.optimize_kl")
     assert sv.OptimizeVIState is sv.vi.checkpoint.store.OptimizeVIState
 
 
-@pytest.mark.parametrize("mode, n, n_prev, want", [
-    ("linear_resample", 3, 3, ("linear_resample", SampleSource.FRESH, False)),
-    ("linear_sample", 3, 3, ("linear_sample", SampleSource.REUSE, False)),
-    ("linear_sample", 3, 2, ("linear_sample", SampleSource.FRESH, False)),
-    ("nonlinear_sample", 2, 2, ("nonlinear_sample", SampleSource.REUSE, False)),
-    ("nonlinear_resample", 2, 2, ("nonlinear_resample", SampleSource.FRESH, False)),
-    ("nonlinear_update", 2, 2, ("nonlinear_update", SampleSource.UPDATE, False)),
-    ("nonlinear_update", 2, 0, ("nonlinear_resample", SampleSource.FRESH, True)),
-    ("nonlinear_update", 2, 3, ("nonlinear_resample", SampleSource.FRESH, True)),
-    ("linear_sample", 0, 0, ("linear_sample", SampleSource.NONE, False)),
-    ("linear_resample", 0, 2, ("linear_resample", SampleSource.NONE, False)),
-])
+@pytest.mark.parametrize(
+    "mode, n, n_prev, want",
+    [
+        ("linear_resample", 3, 3, ("linear_resample", SampleSource.FRESH, False)),
+        ("linear_sample", 3, 3, ("linear_sample", SampleSource.REUSE, False)),
+        ("linear_sample", 3, 2, ("linear_sample", SampleSource.FRESH, False)),
+        ("nonlinear_sample", 2, 2, ("nonlinear_sample", SampleSource.REUSE, False)),
+        ("nonlinear_resample", 2, 2, ("nonlinear_resample", SampleSource.FRESH, False)),
+        ("nonlinear_update", 2, 2, ("nonlinear_update", SampleSource.UPDATE, False)),
+        ("nonlinear_update", 2, 0, ("nonlinear_resample", SampleSource.FRESH, True)),
+        ("nonlinear_update", 2, 3, ("nonlinear_resample", SampleSource.FRESH, True)),
+        ("linear_sample", 0, 0, ("linear_sample", SampleSource.NONE, False)),
+        ("linear_resample", 0, 2, ("linear_resample", SampleSource.NONE, False)),
+    ],
+)
 def test_sample_mode_policy(mode, n, n_prev, want):
     plan = plan_samples(SampleMode(mode), n, n_prev)
     assert (plan.mode.value, plan.source, plan.fallback) == want

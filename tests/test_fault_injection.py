@@ -1,4 +1,5 @@
 """SIGKILL a checkpointing run at random moments; resuming must give the uninterrupted result bitwise."""
+
 import json
 import os
 import random
@@ -25,8 +26,9 @@ N_ITER = 8  # as in _fault_worker.py
 
 def start(ckpt, out, cache):
     env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_")}
-    return subprocess.Popen([sys.executable, WORKER, ckpt, out, cache], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, WORKER, ckpt, out, cache], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
 
 
 def finish(proc, timeout=300):
@@ -53,8 +55,9 @@ def check_dir_consistent(ckpt):
     if not os.path.exists(os.path.join(ckpt, "latest.json")):
         return None
     import jax.numpy as jnp
+
     like = {"f": jnp.zeros(16), "g": jnp.zeros(())}
-    samples, state = sv.load_checkpoint(ckpt, like)   # raises on any partial/corrupt file
+    samples, state = sv.load_checkpoint(ckpt, like)  # raises on any partial/corrupt file
     assert len(samples) == 4
     return state.nit
 
@@ -110,7 +113,8 @@ def test_sigkill_resume_bitwise(tmp_path):
         # temporaries of killed writers are cleaned by the next successful save
         assert not [f for f in os.listdir(ckpt) if f.startswith(".tmp-")]
         trial += 1
-    assert kills >= MIN_KILLS, (f"only {kills} kills landed in {trial} trials "
-                                f"(reference run {ref_time:.1f}s, cached {run_time:.1f}s)")
+    assert kills >= MIN_KILLS, (
+        f"only {kills} kills landed in {trial} trials (reference run {ref_time:.1f}s, cached {run_time:.1f}s)"
+    )
     # the kills hit different stages: before any checkpoint and between iterations
     assert len(set(seen_nits)) >= 3, seen_nits

@@ -1,4 +1,5 @@
 """geoVI beats MGVI on a strongly nonlinear 1-D problem (exact answer by quadrature)."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -6,7 +7,7 @@ import pytest
 
 import shardvi as sv
 
-A, SIGMA, DATA = 2.0, 1.0, 1.0   # s = exp(A xi), d ~ N(s, SIGMA^2), xi ~ N(0, 1)
+A, SIGMA, DATA = 2.0, 1.0, 1.0  # s = exp(A xi), d ~ N(s, SIGMA^2), xi ~ N(0, 1)
 
 
 def exact_moments():
@@ -25,9 +26,16 @@ def results():
     out = {}
     for mode in ("linear_resample", "nonlinear_resample"):
         smp, state = sv.optimize_kl(
-            lh, jnp.zeros(1), key=jax.random.PRNGKey(3), n_total_iterations=8, n_samples=200, sample_mode=mode,
-            linear_sampling=sv.CGConfig(tol=1e-10), nonlinear_update=sv.NewtonCGConfig(xtol=1e-10, maxiter=50),
-            kl_minimization=sv.NewtonCGConfig(xtol=1e-10, maxiter=50))
+            lh,
+            jnp.zeros(1),
+            key=jax.random.PRNGKey(3),
+            n_total_iterations=8,
+            n_samples=200,
+            sample_mode=mode,
+            linear_sampling=sv.CGConfig(tol=1e-10),
+            nonlinear_update=sv.NewtonCGConfig(xtol=1e-10, maxiter=50),
+            kl_minimization=sv.NewtonCGConfig(xtol=1e-10, maxiter=50),
+        )
         m, s = smp.mean_and_std()
         out[mode] = (float(m[0]), float(s[0]), state)
     return out
@@ -81,7 +89,7 @@ def _fft_count(jaxpr):
 
 def _subjaxprs(eqn):
     for p in eqn.params.values():
-        for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+        for sub in p if isinstance(p, (tuple, list)) else (p,):
             if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
                 yield getattr(sub, "jaxpr", sub) if not hasattr(sub, "eqns") else sub
 
@@ -103,6 +111,7 @@ def _while_bodies(jaxpr, depth=0):
 @pytest.fixture(scope="module")
 def fft_problem():
     from shardvi.models.harmonic import hartley
+
     model = sv.Model(lambda xi: jnp.exp(0.1 * hartley(xi)), jax.ShapeDtypeStruct((8, 8), jnp.float64))
     return sv.Gaussian(np.ones((8, 8)), noise_std=0.3).amend(model), jnp.zeros((8, 8)), jax.random.PRNGKey(0)
 
@@ -118,8 +127,9 @@ def test_geovi_inner_cg_applies_only_the_linearized_map(fft_problem):
     """geoVI Gauss-Newton product: J_x, Jbar^T and their adjoints (4 FFTs) per inner CG iteration;
     ``delta`` itself (2 FFTs) is evaluated once per Newton step."""
     lh, pos, key = fft_problem
-    jaxpr = jax.make_jaxpr(lambda p, r, k: sv.nonlinearly_update_residual(
-        lh, p, r, k, 1.0, sv.NewtonCGConfig(maxiter=2)))(pos, pos, key)
+    jaxpr = jax.make_jaxpr(
+        lambda p, r, k: sv.nonlinearly_update_residual(lh, p, r, k, 1.0, sv.NewtonCGConfig(maxiter=2))
+    )(pos, pos, key)
     bodies = _while_bodies(jaxpr.jaxpr)
     newton = [n for d, n in bodies if d == 1]
     inner = [n for d, n in bodies if d == 2]

@@ -1,5 +1,7 @@
 """Likelihoods: energies against scipy.stats, Fisher metrics against closed forms and dense Jacobians."""
-from typing import Callable, NamedTuple
+
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -52,11 +54,11 @@ def _from_real(vec, template):
     for d in leaves:
         n = int(np.prod(d.shape))
         if jnp.issubdtype(d.dtype, jnp.complexfloating):
-            pair = vec[i:i + 2 * n].reshape(n, 2)
+            pair = vec[i : i + 2 * n].reshape(n, 2)
             out.append((pair[:, 0] + 1j * pair[:, 1]).astype(d.dtype).reshape(d.shape))
             i += 2 * n
         else:
-            out.append(vec[i:i + n].astype(d.dtype).reshape(d.shape))
+            out.append(vec[i : i + n].astype(d.dtype).reshape(d.shape))
             i += n
     return jax.tree_util.tree_unflatten(treedef, out)
 
@@ -64,20 +66,25 @@ def _from_real(vec, template):
 def dense_linear(op, in_tree):
     """Matrix (out x in, real coordinates) of the linear map ``op`` on pytrees shaped like ``in_tree``
     (ShapeDtypeStructs). Complex leaves count as two real coordinates (real part, imaginary part)."""
-    n = sum(int(np.prod(d.shape)) * (2 if jnp.issubdtype(d.dtype, jnp.complexfloating) else 1)
-            for d in jax.tree_util.tree_leaves(in_tree))
+    n = sum(
+        int(np.prod(d.shape)) * (2 if jnp.issubdtype(d.dtype, jnp.complexfloating) else 1)
+        for d in jax.tree_util.tree_leaves(in_tree)
+    )
     cols = jax.jit(jax.vmap(lambda v: _to_real(op(_from_real(v, in_tree)))))(jnp.eye(n))
     return np.asarray(cols).T
 
 
 def real_jacobian(fn, x):
     """Jacobian of ``fn`` at the real vector ``x`` in real output coordinates."""
+
     def f(v):
         out = fn(v)
         leaves = [jnp.ravel(leaf) for leaf in jax.tree_util.tree_leaves(out)]
-        parts = [jnp.stack([leaf.real, leaf.imag], axis=1).reshape(-1) if jnp.iscomplexobj(leaf) else leaf
-                 for leaf in leaves]
+        parts = [
+            jnp.stack([leaf.real, leaf.imag], axis=1).reshape(-1) if jnp.iscomplexobj(leaf) else leaf for leaf in leaves
+        ]
         return jnp.concatenate(parts)
+
     return np.asarray(jax.jacfwd(f)(x))
 
 
@@ -95,12 +102,12 @@ def finite_difference_grad(f, x, h=1e-6):
 # the likelihood cases: each with its Fisher matrix and negative log-pdf written out independently
 # ---------------------------------------------------------------------------------------------------
 class Case(NamedTuple):
-    lh: sv.Likelihood          # on signal space
+    lh: sv.Likelihood  # on signal space
     model: sv.Model
-    fisher: Callable           # s (pytree) -> dense Fisher matrix on flat signal
-    nll: Callable              # s -> -log p(d|s) from scipy.stats (numpy)
-    nll_jnp: Callable          # s -> -log p(d|s) up to a constant, in jnp
-    nres: Callable             # s -> normalized residual (numpy, flat)
+    fisher: Callable  # s (pytree) -> dense Fisher matrix on flat signal
+    nll: Callable  # s -> -log p(d|s) from scipy.stats (numpy)
+    nll_jnp: Callable  # s -> -log p(d|s) up to a constant, in jnp
+    nres: Callable  # s -> normalized residual (numpy, flat)
 
 
 SIGMA = 0.3
@@ -127,62 +134,97 @@ VCG_MODEL = sv.Model(vcg_signal, DOM)
 def make_case(name) -> Case:
     d = GAUSS_DATA
     if name == "gauss_scalar_std":
-        return Case(sv.Gaussian(d, noise_std=SIGMA), EXP_MODEL,
-                    lambda s: np.eye(M) / SIGMA**2,
-                    lambda s: -st.norm.logpdf(d, loc=np.asarray(s), scale=SIGMA).sum(),
-                    lambda s: 0.5 * jnp.sum((d - s) ** 2) / SIGMA**2,
-                    lambda s: (d - np.asarray(s)) / SIGMA)
+        return Case(
+            sv.Gaussian(d, noise_std=SIGMA),
+            EXP_MODEL,
+            lambda s: np.eye(M) / SIGMA**2,
+            lambda s: -st.norm.logpdf(d, loc=np.asarray(s), scale=SIGMA).sum(),
+            lambda s: 0.5 * jnp.sum((d - s) ** 2) / SIGMA**2,
+            lambda s: (d - np.asarray(s)) / SIGMA,
+        )
     if name == "gauss_array_std":
-        return Case(sv.Gaussian(d, noise_std=SIGMA_ARR), EXP_MODEL,
-                    lambda s: np.diag(1 / SIGMA_ARR**2),
-                    lambda s: -st.norm.logpdf(d, loc=np.asarray(s), scale=SIGMA_ARR).sum(),
-                    lambda s: 0.5 * jnp.sum(((d - s) / SIGMA_ARR) ** 2),
-                    lambda s: (d - np.asarray(s)) / SIGMA_ARR)
+        return Case(
+            sv.Gaussian(d, noise_std=SIGMA_ARR),
+            EXP_MODEL,
+            lambda s: np.diag(1 / SIGMA_ARR**2),
+            lambda s: -st.norm.logpdf(d, loc=np.asarray(s), scale=SIGMA_ARR).sum(),
+            lambda s: 0.5 * jnp.sum(((d - s) / SIGMA_ARR) ** 2),
+            lambda s: (d - np.asarray(s)) / SIGMA_ARR,
+        )
     if name == "gauss_diag_cov_inv":
-        return Case(sv.Gaussian(d, noise_cov_inv=1 / SIGMA_ARR**2), EXP_MODEL,
-                    lambda s: np.diag(1 / SIGMA_ARR**2),
-                    lambda s: -st.norm.logpdf(d, loc=np.asarray(s), scale=SIGMA_ARR).sum(),
-                    lambda s: 0.5 * jnp.sum(((d - s) / SIGMA_ARR) ** 2),
-                    lambda s: (d - np.asarray(s)) / SIGMA_ARR)
+        return Case(
+            sv.Gaussian(d, noise_cov_inv=1 / SIGMA_ARR**2),
+            EXP_MODEL,
+            lambda s: np.diag(1 / SIGMA_ARR**2),
+            lambda s: -st.norm.logpdf(d, loc=np.asarray(s), scale=SIGMA_ARR).sum(),
+            lambda s: 0.5 * jnp.sum(((d - s) / SIGMA_ARR) ** 2),
+            lambda s: (d - np.asarray(s)) / SIGMA_ARR,
+        )
     if name == "gauss_dense_cov_inv":
         ninv, nis = jnp.asarray(NCOV_INV), jnp.asarray(NCOV_INV_SQRT)
-        return Case(sv.Gaussian(d, noise_cov_inv=lambda r: ninv @ r, noise_std_inv=lambda r: nis @ r), EXP_MODEL,
-                    lambda s: NCOV_INV,
-                    lambda s: -st.multivariate_normal(mean=np.asarray(s), cov=NCOV).logpdf(d),
-                    lambda s: 0.5 * (d - s) @ ninv @ (d - s),
-                    lambda s: NCOV_INV_SQRT @ (d - np.asarray(s)))
+        return Case(
+            sv.Gaussian(d, noise_cov_inv=lambda r: ninv @ r, noise_std_inv=lambda r: nis @ r),
+            EXP_MODEL,
+            lambda s: NCOV_INV,
+            lambda s: -st.multivariate_normal(mean=np.asarray(s), cov=NCOV).logpdf(d),
+            lambda s: 0.5 * (d - s) @ ninv @ (d - s),
+            lambda s: NCOV_INV_SQRT @ (d - np.asarray(s)),
+        )
     if name == "poisson":
-        return Case(sv.Poisson(COUNTS), EXP_MODEL,
-                    lambda s: np.diag(1 / np.asarray(s)),
-                    lambda s: -st.poisson.logpmf(COUNTS, np.asarray(s)).sum(),
-                    lambda s: jnp.sum(s - COUNTS * jnp.log(s)),
-                    lambda s: (COUNTS - np.asarray(s)) / np.sqrt(np.asarray(s)))
+        return Case(
+            sv.Poisson(COUNTS),
+            EXP_MODEL,
+            lambda s: np.diag(1 / np.asarray(s)),
+            lambda s: -st.poisson.logpmf(COUNTS, np.asarray(s)).sum(),
+            lambda s: jnp.sum(s - COUNTS * jnp.log(s)),
+            lambda s: (COUNTS - np.asarray(s)) / np.sqrt(np.asarray(s)),
+        )
     if name == "student_t":
-        return Case(sv.StudentT(STUDENT_DATA, DOF, SIGMA), EXP_MODEL,
-                    lambda s: np.eye(M) * (DOF + 1) / ((DOF + 3) * SIGMA**2),
-                    lambda s: -st.t.logpdf(STUDENT_DATA, DOF, loc=np.asarray(s), scale=SIGMA).sum(),
-                    lambda s: 0.5 * (DOF + 1) * jnp.sum(jnp.log1p(((STUDENT_DATA - s) / SIGMA) ** 2 / DOF)),
-                    lambda s: (STUDENT_DATA - np.asarray(s)) / SIGMA)
+        return Case(
+            sv.StudentT(STUDENT_DATA, DOF, SIGMA),
+            EXP_MODEL,
+            lambda s: np.eye(M) * (DOF + 1) / ((DOF + 3) * SIGMA**2),
+            lambda s: -st.t.logpdf(STUDENT_DATA, DOF, loc=np.asarray(s), scale=SIGMA).sum(),
+            lambda s: 0.5 * (DOF + 1) * jnp.sum(jnp.log1p(((STUDENT_DATA - s) / SIGMA) ** 2 / DOF)),
+            lambda s: (STUDENT_DATA - np.asarray(s)) / SIGMA,
+        )
     if name == "student_t_array":
         dof = np.array([1.0, 2.5, 4.0, 30.0])
-        return Case(sv.StudentT(STUDENT_DATA, dof, SIGMA_ARR), EXP_MODEL,
-                    lambda s: np.diag((dof + 1) / ((dof + 3) * SIGMA_ARR**2)),
-                    lambda s: -st.t.logpdf(STUDENT_DATA, dof, loc=np.asarray(s), scale=SIGMA_ARR).sum(),
-                    lambda s: 0.5 * jnp.sum((dof + 1) * jnp.log1p(((STUDENT_DATA - s) / SIGMA_ARR) ** 2 / dof)),
-                    lambda s: (STUDENT_DATA - np.asarray(s)) / SIGMA_ARR)
+        return Case(
+            sv.StudentT(STUDENT_DATA, dof, SIGMA_ARR),
+            EXP_MODEL,
+            lambda s: np.diag((dof + 1) / ((dof + 3) * SIGMA_ARR**2)),
+            lambda s: -st.t.logpdf(STUDENT_DATA, dof, loc=np.asarray(s), scale=SIGMA_ARR).sum(),
+            lambda s: 0.5 * jnp.sum((dof + 1) * jnp.log1p(((STUDENT_DATA - s) / SIGMA_ARR) ** 2 / dof)),
+            lambda s: (STUDENT_DATA - np.asarray(s)) / SIGMA_ARR,
+        )
     if name == "variable_covariance":
+
         def fisher(s):
             std = np.asarray(s[1])
             return np.diag(np.concatenate([1 / std**2, 2 / std**2]))
-        return Case(sv.VariableCovarianceGaussian(VCG_DATA), VCG_MODEL, fisher,
-                    lambda s: -st.norm.logpdf(VCG_DATA, loc=np.asarray(s[0]), scale=np.asarray(s[1])).sum(),
-                    lambda s: jnp.sum(0.5 * ((VCG_DATA - s[0]) / s[1]) ** 2 + jnp.log(s[1])),
-                    lambda s: (VCG_DATA - np.asarray(s[0])) / np.asarray(s[1]))
+
+        return Case(
+            sv.VariableCovarianceGaussian(VCG_DATA),
+            VCG_MODEL,
+            fisher,
+            lambda s: -st.norm.logpdf(VCG_DATA, loc=np.asarray(s[0]), scale=np.asarray(s[1])).sum(),
+            lambda s: jnp.sum(0.5 * ((VCG_DATA - s[0]) / s[1]) ** 2 + jnp.log(s[1])),
+            lambda s: (VCG_DATA - np.asarray(s[0])) / np.asarray(s[1]),
+        )
     raise KeyError(name)
 
 
-CASES = ["gauss_scalar_std", "gauss_array_std", "gauss_diag_cov_inv", "gauss_dense_cov_inv", "poisson",
-         "student_t", "student_t_array", "variable_covariance"]
+CASES = [
+    "gauss_scalar_std",
+    "gauss_array_std",
+    "gauss_diag_cov_inv",
+    "gauss_dense_cov_inv",
+    "poisson",
+    "student_t",
+    "student_t_array",
+    "variable_covariance",
+]
 
 
 @pytest.fixture(scope="module", params=CASES)
@@ -336,8 +378,9 @@ def test_transformations_reproduce_fisher_metric():
     c = make_case("variable_covariance")
     mean, std = (np.asarray(v) for v in c.model(XI1))
     jt = real_jacobian(lambda v: c.lh.transformation((v[:M], v[M:])), jnp.concatenate([mean, std]))
-    cross = np.block([[np.zeros((M, M)), np.diag(-mean / std**3)],
-                      [np.diag(-mean / std**3), np.diag(mean**2 / std**4)]])
+    cross = np.block(
+        [[np.zeros((M, M)), np.diag(-mean / std**3)], [np.diag(-mean / std**3), np.diag(mean**2 / std**4)]]
+    )
     np.testing.assert_allclose(jt.T @ jt, c.fisher((mean, std)) + cross, rtol=1e-12, atol=1e-13)
 
 
@@ -358,7 +401,8 @@ def test_default_metric_from_transformation(trafo):
     lh = sv.Likelihood(lambda s: 0.5 * jnp.sum(jnp.abs(ravel_pytree(trafo(s))[0]) ** 2), trafo, domain=dom)
     assert lh.has_transformation and not lh.has_normalized_residual
     assert jax.tree_util.tree_structure(lh.lsm_tangents_shape) == jax.tree_util.tree_structure(
-        jax.eval_shape(trafo, dom))
+        jax.eval_shape(trafo, dom)
+    )
     s = jnp.array([0.3, -1.1, 0.8])
     jt = real_jacobian(trafo, s)
     m = dense_linear(lambda t: lh.metric(s, t), dom)
@@ -423,7 +467,8 @@ def complex_signal(xi):
 
 COMPLEX_MODEL = sv.Model(complex_signal, DOM)
 COMPLEX_DATA = np.asarray(complex_signal(jnp.asarray(XI_TRUE))) + SIGMA_C * (
-    RNG.normal(size=MC) + 1j * RNG.normal(size=MC))
+    RNG.normal(size=MC) + 1j * RNG.normal(size=MC)
+)
 
 
 @pytest.fixture(scope="module")
@@ -437,13 +482,16 @@ def test_complex_gaussian_energy(complex_lh):
 
     def nll(s):  # independent real and imaginary noise
         s = np.asarray(s)
-        return -(st.norm.logpdf(COMPLEX_DATA.real, s.real, SIGMA_C).sum()
-                 + st.norm.logpdf(COMPLEX_DATA.imag, s.imag, SIGMA_C).sum())
+        return -(
+            st.norm.logpdf(COMPLEX_DATA.real, s.real, SIGMA_C).sum()
+            + st.norm.logpdf(COMPLEX_DATA.imag, s.imag, SIGMA_C).sum()
+        )
 
     s1, s2 = COMPLEX_MODEL(XI1), COMPLEX_MODEL(XI2)
     np.testing.assert_allclose(float(lh.energy(XI1) - lh.energy(XI2)), nll(s1) - nll(s2), rtol=1e-11)
-    np.testing.assert_allclose(float(lh.energy(XI1)), 0.5 * np.sum(np.abs(COMPLEX_DATA - s1) ** 2 / SIGMA_C**2),
-                               rtol=1e-13)
+    np.testing.assert_allclose(
+        float(lh.energy(XI1)), 0.5 * np.sum(np.abs(COMPLEX_DATA - s1) ** 2 / SIGMA_C**2), rtol=1e-13
+    )
     assert jnp.isrealobj(lh.energy(XI1))
     g = np.asarray(jax.grad(lh.energy)(XI1))
     np.testing.assert_allclose(g, finite_difference_grad(lh.energy, XI1), rtol=1e-6, atol=1e-7)
@@ -477,8 +525,7 @@ def test_complex_gaussian_left_sqrt_dot_test(complex_lh):
         rhs = float(jnp.real(jnp.vdot(e, lt_v)))
         np.testing.assert_allclose(lhs, rhs, rtol=1e-12)
         # and <M v, v> = |L^T v|^2
-        np.testing.assert_allclose(float(jnp.vdot(v, lh.metric(XI1, v))), float(jnp.vdot(lt_v, lt_v).real),
-                                   rtol=1e-12)
+        np.testing.assert_allclose(float(jnp.vdot(v, lh.metric(XI1, v))), float(jnp.vdot(lt_v, lt_v).real), rtol=1e-12)
 
 
 def test_complex_gaussian_sample_covariance(complex_lh):
@@ -510,8 +557,9 @@ def test_sum_same_domain():
         np.testing.assert_allclose(m, m1 + m2, rtol=1e-13, atol=1e-13)
         big_l = dense_linear(lambda e: lh.left_sqrt_metric(xi, e), lh.lsm_tangents_shape)
         np.testing.assert_allclose(big_l @ big_l.T, m, rtol=1e-12, atol=1e-12)
-        np.testing.assert_allclose(jax.grad(lh.energy)(xi), jax.grad(lh1.energy)(xi) + jax.grad(lh2.energy)(xi),
-                                   rtol=1e-13, atol=1e-14)
+        np.testing.assert_allclose(
+            jax.grad(lh.energy)(xi), jax.grad(lh1.energy)(xi) + jax.grad(lh2.energy)(xi), rtol=1e-13, atol=1e-14
+        )
         r = lh.normalized_residual(xi)
         np.testing.assert_allclose(r[0], lh1.normalized_residual(xi), rtol=0)
         np.testing.assert_allclose(r[1], lh2.normalized_residual(xi), rtol=0)
@@ -522,19 +570,16 @@ def test_sum_same_domain():
 def test_sum_of_three_and_signal_space():
     lh = sv.Gaussian(GAUSS_DATA, noise_std=SIGMA) + sv.StudentT(STUDENT_DATA, DOF, SIGMA) + sv.Poisson(COUNTS)
     s = jnp.asarray(S_TRUE)
-    expected = (make_case("gauss_scalar_std").nll(s) + make_case("student_t").nll(s)
-                + make_case("poisson").nll(s))
+    expected = make_case("gauss_scalar_std").nll(s) + make_case("student_t").nll(s) + make_case("poisson").nll(s)
     s2 = 1.3 * s
-    expected2 = (make_case("gauss_scalar_std").nll(s2) + make_case("student_t").nll(s2)
-                 + make_case("poisson").nll(s2))
+    expected2 = make_case("gauss_scalar_std").nll(s2) + make_case("student_t").nll(s2) + make_case("poisson").nll(s2)
     np.testing.assert_allclose(float(lh.energy(s) - lh.energy(s2)), expected - expected2, rtol=1e-10)
     m = dense_linear(lambda t: lh.metric(s, t), lh.domain)
-    f = (np.eye(M) / SIGMA**2 + np.eye(M) * (DOF + 1) / ((DOF + 3) * SIGMA**2) + np.diag(1 / S_TRUE))
+    f = np.eye(M) / SIGMA**2 + np.eye(M) * (DOF + 1) / ((DOF + 3) * SIGMA**2) + np.diag(1 / S_TRUE)
     np.testing.assert_allclose(m, f, rtol=1e-13)
     lhm = lh.amend(EXP_MODEL)
     j = real_jacobian(EXP_MODEL, XI1)
-    f = (np.eye(M) / SIGMA**2 + np.eye(M) * (DOF + 1) / ((DOF + 3) * SIGMA**2)
-         + np.diag(1 / np.asarray(EXP_MODEL(XI1))))
+    f = np.eye(M) / SIGMA**2 + np.eye(M) * (DOF + 1) / ((DOF + 3) * SIGMA**2) + np.diag(1 / np.asarray(EXP_MODEL(XI1)))
     m = dense_linear(lambda t: lhm.metric(XI1, t), DOM)
     np.testing.assert_allclose(m, j.T @ f @ j, rtol=1e-12)
     big_l = dense_linear(lambda e: lhm.left_sqrt_metric(XI1, e), lhm.lsm_tangents_shape)
@@ -574,8 +619,9 @@ def test_sum_on_partly_overlapping_dict_domains():
     big_l = dense_linear(lambda e: lh.left_sqrt_metric(x, e), lh.lsm_tangents_shape)
     np.testing.assert_allclose(big_l @ big_l.T, got, rtol=1e-12, atol=1e-13)
     g = jax.grad(lh.energy)(x)
-    np.testing.assert_allclose(flat(g), finite_difference_grad(lambda v: lh.energy(unravel(v)), flat_x),
-                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(
+        flat(g), finite_difference_grad(lambda v: lh.energy(unravel(v)), flat_x), rtol=1e-6, atol=1e-7
+    )
     # order does not matter
     got_rev = dense_linear(lambda t: (lh2 + lh1).metric(x, t), lh.domain)
     np.testing.assert_allclose(got_rev, got, rtol=1e-14, atol=1e-15)
@@ -604,15 +650,20 @@ def test_pytree_data_and_noise():
     std = {"u": 0.5, "v": np.array([0.1, 0.2])}
     lh = sv.Gaussian(data, noise_std=std)
     s = {"u": jnp.array([0.4, 1.0]), "v": jnp.zeros((2, 2))}
-    expected = -(st.norm.logpdf(data["u"], np.asarray(s["u"]), 0.5).sum()
-                 + st.norm.logpdf(data["v"], 0.0, np.array([0.1, 0.2])).sum())
+    expected = -(
+        st.norm.logpdf(data["u"], np.asarray(s["u"]), 0.5).sum()
+        + st.norm.logpdf(data["v"], 0.0, np.array([0.1, 0.2])).sum()
+    )
     s0 = jax.tree_util.tree_map(lambda d: jnp.asarray(d), data)
-    const = -(st.norm.logpdf(data["u"], data["u"], 0.5).sum() + st.norm.logpdf(data["v"], data["v"],
-                                                                                np.array([0.1, 0.2])).sum())
+    const = -(
+        st.norm.logpdf(data["u"], data["u"], 0.5).sum()
+        + st.norm.logpdf(data["v"], data["v"], np.array([0.1, 0.2])).sum()
+    )
     np.testing.assert_allclose(float(lh.energy(s) - lh.energy(s0)), expected - const, rtol=1e-12)
     m = dense_linear(lambda t: lh.metric(s, t), lh.domain)
-    np.testing.assert_allclose(np.diag(m), np.concatenate([[4.0, 4.0], 1 / np.array([0.1, 0.2, 0.1, 0.2]) ** 2]),
-                               rtol=1e-13)
+    np.testing.assert_allclose(
+        np.diag(m), np.concatenate([[4.0, 4.0], 1 / np.array([0.1, 0.2, 0.1, 0.2]) ** 2]), rtol=1e-13
+    )
 
 
 def test_single_leaf_pytree_noise():
@@ -633,20 +684,36 @@ BAD = [
     ("inf data", lambda: sv.Gaussian({"x": np.array([np.inf])}, noise_std=1.0), ValueError, "data"),
     ("string data", lambda: sv.Gaussian(np.array(["a"]), noise_std=1.0), TypeError, "data"),
     ("zero noise_std", lambda: sv.Gaussian(np.ones(3), noise_std=0.0), ValueError, "noise_std"),
-    ("negative noise_std", lambda: sv.Gaussian(np.ones(3), noise_std=np.array([1.0, -1.0, 1.0])), ValueError,
-     "noise_std"),
+    (
+        "negative noise_std",
+        lambda: sv.Gaussian(np.ones(3), noise_std=np.array([1.0, -1.0, 1.0])),
+        ValueError,
+        "noise_std",
+    ),
     ("nan noise_std", lambda: sv.Gaussian(np.ones(3), noise_std=np.nan), ValueError, "noise_std"),
     ("inf noise_std", lambda: sv.Gaussian(np.ones(3), noise_std=np.inf), ValueError, "noise_std"),
     ("bool noise_std", lambda: sv.Gaussian(np.ones(3), noise_std=True), TypeError, "noise_std"),
-    ("both noises", lambda: sv.Gaussian(np.ones(3), noise_std=1.0, noise_cov_inv=1.0), ValueError,
-     "noise_std and noise_cov_inv"),
+    (
+        "both noises",
+        lambda: sv.Gaussian(np.ones(3), noise_std=1.0, noise_cov_inv=1.0),
+        ValueError,
+        "noise_std and noise_cov_inv",
+    ),
     ("no noise", lambda: sv.Gaussian(np.ones(3)), ValueError, "noise_std and noise_cov_inv"),
     ("noise shape", lambda: sv.Gaussian(np.ones(3), noise_std=np.ones(2)), ValueError, "noise_std.*shape"),
-    ("noise_cov_inv shape", lambda: sv.Gaussian(np.ones((2, 3)), noise_cov_inv=np.ones((3, 2))), ValueError,
-     "noise_cov_inv.*shape"),
+    (
+        "noise_cov_inv shape",
+        lambda: sv.Gaussian(np.ones((2, 3)), noise_cov_inv=np.ones((3, 2))),
+        ValueError,
+        "noise_cov_inv.*shape",
+    ),
     ("negative noise_cov_inv", lambda: sv.Gaussian(np.ones(3), noise_cov_inv=-1.0), ValueError, "noise_cov_inv"),
-    ("callable cov without sqrt", lambda: sv.Gaussian(np.ones(3), noise_cov_inv=lambda r: r), ValueError,
-     "noise_std_inv"),
+    (
+        "callable cov without sqrt",
+        lambda: sv.Gaussian(np.ones(3), noise_cov_inv=lambda r: r),
+        ValueError,
+        "noise_std_inv",
+    ),
     ("negative counts", lambda: sv.Poisson(np.array([1, -1, 2])), ValueError, "counts"),
     ("nan counts", lambda: sv.Poisson(np.array([1.0, np.nan])), ValueError, "counts"),
     ("student zero dof", lambda: sv.StudentT(np.ones(3), 0.0, 1.0), ValueError, "dof"),
@@ -691,16 +758,19 @@ def test_metric_operator_equals_closed_form(case):
         expected = j.T @ c.fisher(c.model(xi)) @ j
         got = dense_linear(op, DOM)
         np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12 * np.abs(expected).max())
-        np.testing.assert_allclose(got, dense_linear(lambda t: lh.metric(xi, t), DOM), rtol=1e-13,
-                                   atol=1e-14 * np.abs(expected).max())
+        np.testing.assert_allclose(
+            got, dense_linear(lambda t: lh.metric(xi, t), DOM), rtol=1e-13, atol=1e-14 * np.abs(expected).max()
+        )
         s = c.model(xi)
-        np.testing.assert_allclose(dense_linear(c.lh.metric_operator(s), c.model.target), c.fisher(s),
-                                   rtol=1e-13, atol=1e-14)
+        np.testing.assert_allclose(
+            dense_linear(c.lh.metric_operator(s), c.model.target), c.fisher(s), rtol=1e-13, atol=1e-14
+        )
 
 
 def test_linearize_with_adjoint_dot_test():
     """``<J^T u, v> = Re <u, J v>`` for a complex-valued map (FFT of a nonlinear function)."""
     from shardvi import tree_math as tm
+
     f = lambda x: jnp.fft.fft(jnp.sin(x["a"]) * x["b"])  # noqa: E731
     rng = np.random.default_rng(3)
     x = {"a": jnp.asarray(rng.normal(size=6)), "b": jnp.asarray(rng.normal(size=6))}

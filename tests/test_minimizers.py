@@ -1,4 +1,5 @@
 """Conjugate gradient, Newton-CG and the optax adapter against dense algebra and scipy."""
+
 import dataclasses
 import functools
 import logging
@@ -13,7 +14,13 @@ import scipy.sparse.linalg as sla
 from jax.flatten_util import ravel_pytree
 
 from shardvi.minimizers import (
-    CGConfig, NewtonCGConfig, OptaxConfig, Status, conjugate_gradient, newton_cg, optax_minimize,
+    CGConfig,
+    NewtonCGConfig,
+    OptaxConfig,
+    Status,
+    conjugate_gradient,
+    newton_cg,
+    optax_minimize,
     status_message,
 )
 from shardvi.minimizers.cg import cg_solve
@@ -51,6 +58,7 @@ def scipy_cg_iterations(a, b, **kw):
 
     def cb(_):
         count[0] += 1
+
     x, info = sla.cg(a, b, callback=cb, **kw)
     return x, info, count[0]
 
@@ -87,8 +95,9 @@ def test_cg_matches_dense_solve_and_scipy(seed):
     assert abs(int(res.nit) - nit_sp) <= 1
     # reported residual is the (recursive) residual and is below the requested tolerance
     assert float(res.resnorm) <= 1e-13 * np.linalg.norm(b)
-    np.testing.assert_allclose(np.linalg.norm(b - a @ np.asarray(res.x)), float(res.resnorm),
-                               atol=1e-12 * np.linalg.norm(b))
+    np.testing.assert_allclose(
+        np.linalg.norm(b - a @ np.asarray(res.x)), float(res.resnorm), atol=1e-12 * np.linalg.norm(b)
+    )
 
 
 def test_cg_relative_tolerance_matches_scipy_iterates():
@@ -153,13 +162,15 @@ def test_cg_under_jit_equals_eager():
 def test_cg_vmap_each_member_keeps_its_own_iteration_count():
     w, v = np.linalg.eigh(A0)
     rng = np.random.default_rng(7)
-    batch = np.stack([
-        rng.normal(size=N),                 # generic: many iterations
-        v[:, 3] * 2.0,                      # eigenvector: one iteration
-        v[:, 0] + v[:, -1],                 # two eigencomponents: two iterations
-        np.zeros(N),                        # zero rhs: no iteration
-        rng.normal(size=N) * 1e3,           # scale must not matter for a relative tolerance
-    ])
+    batch = np.stack(
+        [
+            rng.normal(size=N),  # generic: many iterations
+            v[:, 3] * 2.0,  # eigenvector: one iteration
+            v[:, 0] + v[:, -1],  # two eigencomponents: two iterations
+            np.zeros(N),  # zero rhs: no iteration
+            rng.normal(size=N) * 1e3,  # scale must not matter for a relative tolerance
+        ]
+    )
     cfg = CGConfig(tol=1e-12, maxiter=100)
     mv = matvec_of(A0)
     solve = jax.jit(lambda b: conjugate_gradient(mv, b, config=cfg))
@@ -346,6 +357,7 @@ def test_cg_nonfinite():
 
     def bad(v):
         return jnp.asarray(A0) @ v * jnp.nan
+
     res = conjugate_gradient(bad, jnp.asarray(B0))
     assert int(res.status) == Status.NONFINITE and not bool(res.converged)
 
@@ -393,8 +405,14 @@ def _rosen_solve(x0):
 
 
 def scipy_rosen(x0):
-    res = so.minimize(so.rosen, x0, jac=so.rosen_der, hessp=so.rosen_hess_prod, method="Newton-CG",
-                      options=dict(xtol=1e-12, maxiter=1000))
+    res = so.minimize(
+        so.rosen,
+        x0,
+        jac=so.rosen_der,
+        hessp=so.rosen_hess_prod,
+        method="Newton-CG",
+        options=dict(xtol=1e-12, maxiter=1000),
+    )
     assert res.success
     return res.x
 
@@ -403,8 +421,7 @@ def test_jax_rosenbrock_equals_scipy_definition():
     x = np.random.default_rng(0).normal(size=5)
     v = np.random.default_rng(1).normal(size=5)
     np.testing.assert_allclose(float(rosen(jnp.asarray(x))), so.rosen(x), rtol=1e-14)
-    np.testing.assert_allclose(rosen_hessp(jnp.asarray(x), jnp.asarray(v)), so.rosen_hess_prod(x, v),
-                               rtol=1e-12)
+    np.testing.assert_allclose(rosen_hessp(jnp.asarray(x), jnp.asarray(v)), so.rosen_hess_prod(x, v), rtol=1e-12)
 
 
 def quadratic(a, b):
@@ -430,8 +447,14 @@ def test_newton_cg_quadratic_matches_solve_and_scipy():
     np.testing.assert_allclose(float(res.fun), -0.5 * B0 @ exact, rtol=1e-13)
     assert float(jnp.linalg.norm(res.grad)) <= 1e-7
     np.testing.assert_allclose(res.grad, A0 @ np.asarray(res.x) - B0, atol=1e-13)
-    sp = so.minimize(lambda x: 0.5 * x @ A0 @ x - B0 @ x, np.zeros(N), jac=lambda x: A0 @ x - B0,
-                     hessp=lambda x, v: A0 @ v, method="Newton-CG", options=dict(xtol=1e-14))
+    sp = so.minimize(
+        lambda x: 0.5 * x @ A0 @ x - B0 @ x,
+        np.zeros(N),
+        jac=lambda x: A0 @ x - B0,
+        hessp=lambda x, v: A0 @ v,
+        method="Newton-CG",
+        options=dict(xtol=1e-14),
+    )
     np.testing.assert_allclose(res.x, sp.x, atol=2e-7)
     assert int(res.ncg) >= int(res.nit) >= 1
     assert int(res.nfev) >= int(res.nit) + 1
@@ -722,11 +745,14 @@ def test_configs_accept_edge_values():
     assert NewtonCGConfig(miniter=50, maxiter=50).miniter == 50
 
 
-@pytest.mark.parametrize("cfg,field,value", [
-    (CGConfig(), "tol", 1e-3),
-    (NewtonCGConfig(), "maxiter", 3),
-    (OptaxConfig(optax.sgd(1e-2)), "maxiter", 3),
-])
+@pytest.mark.parametrize(
+    "cfg,field,value",
+    [
+        (CGConfig(), "tol", 1e-3),
+        (NewtonCGConfig(), "maxiter", 3),
+        (OptaxConfig(optax.sgd(1e-2)), "maxiter", 3),
+    ],
+)
 def test_configs_are_frozen_and_hashable(cfg, field, value):
     with pytest.raises(dataclasses.FrozenInstanceError):
         setattr(cfg, field, value)
@@ -804,6 +830,7 @@ def test_newton_cg_hessp_at_gives_the_same_iterates():
 
     def hessp_at(x):
         return jax.linearize(jax.grad(rosen), x)[1]
+
     a = jax.jit(lambda x: newton_cg(ROSEN_FG, rosen_hessp, x, cfg))(x0)
     b = jax.jit(lambda x: newton_cg(ROSEN_FG, rosen_hessp, x, cfg, hessp_at=hessp_at))(x0)
     assert bool(b.converged), status_message(b.status)
@@ -812,6 +839,7 @@ def test_newton_cg_hessp_at_gives_the_same_iterates():
     np.testing.assert_allclose(np.asarray(b.x), np.asarray(a.x), rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_optax_lbfgs_in_optimize_kl_reaches_the_wiener_filter():
     """``OptaxConfig(optax.lbfgs())`` as ``kl_minimization`` finds the closed-form KL minimum.
 
@@ -821,6 +849,7 @@ def test_optax_lbfgs_in_optimize_kl_reaches_the_wiener_filter():
     KL minimum is the Wiener filter (posterior mean) in closed form.
     """
     import shardvi as sv
+
     n_lat, n_data, noise = 12, 9, 0.3
     rng = np.random.default_rng(7)
     r = rng.normal(size=(n_data, n_lat))
@@ -830,9 +859,15 @@ def test_optax_lbfgs_in_optimize_kl_reaches_the_wiener_filter():
     lh = sv.Gaussian(d, noise_std=noise).amend(model)
     m = ll.T @ r.T @ r @ ll / noise**2
     post_mean = np.linalg.solve(np.eye(n_lat) + m, ll.T @ r.T @ d / noise**2)
-    samples, state = sv.optimize_kl(lh, jnp.zeros(n_lat), key=jax.random.PRNGKey(1), n_total_iterations=1,
-                                    n_samples=2, sample_mode="linear_resample",
-                                    linear_sampling=CGConfig(tol=1e-13, maxiter=200),
-                                    kl_minimization=OptaxConfig(optax.lbfgs(), maxiter=300, gtol=1e-11))
+    samples, state = sv.optimize_kl(
+        lh,
+        jnp.zeros(n_lat),
+        key=jax.random.PRNGKey(1),
+        n_total_iterations=1,
+        n_samples=2,
+        sample_mode="linear_resample",
+        linear_sampling=CGConfig(tol=1e-13, maxiter=200),
+        kl_minimization=OptaxConfig(optax.lbfgs(), maxiter=300, gtol=1e-11),
+    )
     assert state.history[-1].kl_status == Status.CONVERGED
     assert np.max(np.abs(np.asarray(samples.pos) - post_mean)) <= 1e-9

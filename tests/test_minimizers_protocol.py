@@ -1,4 +1,5 @@
 """The Minimizer base and the shared result types (Solution, CGResult): status messages, throw, dispatch."""
+
 import ast
 import dataclasses
 import importlib
@@ -13,8 +14,20 @@ import pytest
 
 import shardvi as sv
 from shardvi.minimizers import (
-    CGConfig, CGResult, Minimizer, NewtonCGConfig, OptaxConfig, OptimizeResult, Solution, SolverError, Status,
-    check_minimizer, conjugate_gradient, newton_cg, optax_minimize, status_message,
+    CGConfig,
+    CGResult,
+    Minimizer,
+    NewtonCGConfig,
+    OptaxConfig,
+    OptimizeResult,
+    Solution,
+    SolverError,
+    Status,
+    check_minimizer,
+    conjugate_gradient,
+    newton_cg,
+    optax_minimize,
+    status_message,
 )
 
 N = 6
@@ -37,8 +50,9 @@ def quadratic():
 
 def solution(status, nit=3):
     z = jnp.zeros((), jnp.int32)
-    return Solution(jnp.zeros(2), jnp.asarray(0.0), jnp.zeros(2), jnp.asarray(nit, jnp.int32), z, z,
-                    jnp.asarray(status, jnp.int32))
+    return Solution(
+        jnp.zeros(2), jnp.asarray(0.0), jnp.zeros(2), jnp.asarray(nit, jnp.int32), z, z, jnp.asarray(status, jnp.int32)
+    )
 
 
 def assert_bitwise(a, b):
@@ -87,8 +101,10 @@ def test_cg_result_message_converged_and_throw(status):
 
 def test_batched_status_message_and_throw():
     res = solution([Status.CONVERGED, Status.MAX_ITERATIONS, Status.MAX_ITERATIONS, Status.NONFINITE])
-    assert res.message == (f"1 of 4: converged; 2 of 4: {status_message(Status.MAX_ITERATIONS)}; "
-                           f"1 of 4: {status_message(Status.NONFINITE)}")
+    assert res.message == (
+        f"1 of 4: converged; 2 of 4: {status_message(Status.MAX_ITERATIONS)}; "
+        f"1 of 4: {status_message(Status.NONFINITE)}"
+    )
     np.testing.assert_array_equal(res.converged, [True, False, False, False])
     with pytest.raises(SolverError, match=r"3 of 4 batched solves failed: 2 x reached maxiter.*; 1 x a non-finite"):
         res.throw()
@@ -103,19 +119,23 @@ def test_solution_is_a_jit_output_and_host_helpers_refuse_tracers():
     assert not bool(jax.jit(lambda r: r.converged)(out))  # converged is an array: fine under tracing
 
     def traced(r, what):
-        return getattr(r, "message") if what == "message" else r.throw()
+        return r.message if what == "message" else r.throw()
+
     for what in ("message", "throw"):
         with pytest.raises(TypeError, match=f"Solution.{what}.*concrete status"):
             jax.jit(traced, static_argnums=1)(out, what)
 
 
-@pytest.mark.parametrize("accept,exc,match", [
-    ("MAX_ITERATIONS", TypeError, "accept must hold Status codes"),
-    (1.0, TypeError, "accept must be a Status or a sequence"),
-    ([True], TypeError, "accept must hold Status codes"),
-    (99, ValueError, "99, which is no Status code"),
-    (Status.RUNNING, ValueError, "RUNNING"),
-])
+@pytest.mark.parametrize(
+    "accept,exc,match",
+    [
+        ("MAX_ITERATIONS", TypeError, "accept must hold Status codes"),
+        (1.0, TypeError, "accept must be a Status or a sequence"),
+        ([True], TypeError, "accept must hold Status codes"),
+        (99, ValueError, "99, which is no Status code"),
+        (Status.RUNNING, ValueError, "RUNNING"),
+    ],
+)
 def test_throw_rejects_bad_accept(accept, exc, match):
     with pytest.raises(exc, match=match):
         solution(Status.CONVERGED).throw(accept=accept)
@@ -123,8 +143,10 @@ def test_throw_rejects_bad_accept(accept, exc, match):
 
 def test_one_result_module_and_old_names():
     assert OptimizeResult is Solution
-    cg, config, ncg_mod, optax_adapter, sol_mod = (importlib.import_module(f"shardvi.minimizers.{m}") for m in (
-        "cg", "config", "newton_cg", "optax_adapter", "solution"))  # the package's newton_cg is the function
+    cg, config, ncg_mod, optax_adapter, sol_mod = (
+        importlib.import_module(f"shardvi.minimizers.{m}")
+        for m in ("cg", "config", "newton_cg", "optax_adapter", "solution")
+    )  # the package's newton_cg is the function
     assert ncg_mod.OptimizeResult is Solution and cg.CGResult is sol_mod.CGResult is CGResult
     assert (config.CGConfig, config.NewtonCGConfig, config.OptaxConfig) == (CGConfig, NewtonCGConfig, OptaxConfig)
     # the optax adapter does not depend on Newton-CG
@@ -184,6 +206,7 @@ def test_optax_config_minimize_is_optax_minimize_and_ignores_hessp():
 
     def broken_hessp(x, v):
         raise AssertionError("the optax adapter must not call hessp")
+
     via = jax.jit(lambda x: cfg.minimize(fg, broken_hessp, x, min_curvature=1.0))(jnp.zeros(N))
     direct = jax.jit(lambda x: optax_minimize(fg, x, cfg))(jnp.zeros(N))
     assert_bitwise(via, direct)
@@ -231,11 +254,13 @@ def test_check_minimizer_rejects_what_cannot_minimize():
 
         def minimize(self, fun_and_grad, hessp, x0, *, min_curvature=None):
             return None
+
     with pytest.raises(TypeError, match="kl_minimization must be hashable"):
         check_minimizer(Mutable(), "kl_minimization")
 
     class NoMinimize(Minimizer):
         pass
+
     with pytest.raises(TypeError, match="abstract"):
         NoMinimize()
 
@@ -248,6 +273,7 @@ def test_optax_config_check_traces_the_optimizer_on_the_parameters():
 
     def bad_update(updates, state, params=None):
         return updates  # not (updates, state)
+
     bad = OptaxConfig(optax.GradientTransformation(lambda p: optax.EmptyState(), bad_update))
     with pytest.raises(TypeError, match=r"kl_minimization\.optimizer\.update must return a pair"):
         check_minimizer(bad, "kl_minimization", params=params)
@@ -273,11 +299,26 @@ def test_optimize_kl_uses_a_custom_minimizer():
     d = np.array([0.3, -1.2, 2.0, 0.7])
     model = sv.Model(lambda xi: xi["x"], {"x": jax.ShapeDtypeStruct((4,), jnp.float64)})
     lh = sv.Gaussian(d, noise_std=1.0).amend(model)
-    samples, state = sv.optimize_kl(lh, {"x": jnp.zeros(4)}, key=jax.random.PRNGKey(0), n_total_iterations=1,
-                                    n_samples=0, sample_mode="linear_resample",
-                                    kl_minimization=GradientDescent(step=0.2, steps=120), progress=False)
+    samples, state = sv.optimize_kl(
+        lh,
+        {"x": jnp.zeros(4)},
+        key=jax.random.PRNGKey(0),
+        n_total_iterations=1,
+        n_samples=0,
+        sample_mode="linear_resample",
+        kl_minimization=GradientDescent(step=0.2, steps=120),
+        progress=False,
+    )
     np.testing.assert_allclose(samples.pos["x"], d / 2, rtol=1e-12, atol=1e-14)
     assert state.history[0].kl_nit == 120 and state.history[0].kl_status == int(Status.MAX_ITERATIONS)
     with pytest.raises(TypeError, match=r"kl_minimization\(0\) returned .*must be a shardvi.minimizers.Minimizer"):
-        sv.optimize_kl(lh, {"x": jnp.zeros(4)}, key=jax.random.PRNGKey(0), n_total_iterations=1, n_samples=0,
-                       sample_mode="linear_resample", kl_minimization=lambda i: sv.CGConfig(), progress=False)
+        sv.optimize_kl(
+            lh,
+            {"x": jnp.zeros(4)},
+            key=jax.random.PRNGKey(0),
+            n_total_iterations=1,
+            n_samples=0,
+            sample_mode="linear_resample",
+            kl_minimization=lambda i: sv.CGConfig(),
+            progress=False,
+        )

@@ -1,4 +1,5 @@
 """optimize_kl: modes, callables, point estimates, constants, optax, no recompilation."""
+
 import logging
 
 import jax
@@ -31,16 +32,21 @@ def pos0():
     return {"a": jnp.zeros(N), "b": jnp.zeros(())}
 
 
-FAST = dict(linear_sampling=sv.CGConfig(tol=1e-8, maxiter=100),
-            nonlinear_update=sv.NewtonCGConfig(xtol=1e-8, maxiter=10),
-            kl_minimization=sv.NewtonCGConfig(xtol=1e-8, maxiter=10))
+FAST = dict(
+    linear_sampling=sv.CGConfig(tol=1e-8, maxiter=100),
+    nonlinear_update=sv.NewtonCGConfig(xtol=1e-8, maxiter=10),
+    kl_minimization=sv.NewtonCGConfig(xtol=1e-8, maxiter=10),
+)
 
 
-@pytest.mark.parametrize("mode", ["linear_sample", "linear_resample", "nonlinear_sample",
-                                  "nonlinear_resample", "nonlinear_update"])
+@pytest.mark.parametrize(
+    "mode", ["linear_sample", "linear_resample", "nonlinear_sample", "nonlinear_resample", "nonlinear_update"]
+)
+@pytest.mark.slow
 def test_all_modes_decrease_kl(lh, mode):
-    samples, state = sv.optimize_kl(lh, pos0(), key=jax.random.PRNGKey(0), n_total_iterations=3, n_samples=2,
-                                    sample_mode=mode, **FAST)
+    samples, state = sv.optimize_kl(
+        lh, pos0(), key=jax.random.PRNGKey(0), n_total_iterations=3, n_samples=2, sample_mode=mode, **FAST
+    )
     assert state.nit == 3 and len(samples) == 4
     energies = [r.kl_energy for r in state.history]
     assert all(np.isfinite(energies))
@@ -48,13 +54,22 @@ def test_all_modes_decrease_kl(lh, mode):
     assert state.history[-1].chi2_likelihood < 3.0
 
 
+@pytest.mark.slow
 def test_sample_key_semantics(lh):
     """_resample draws fresh keys each iteration, _sample reuses them, update keeps residual keys."""
     keys = {}
     for mode in ("linear_resample", "linear_sample", "nonlinear_update"):
         seen = []
-        sv.optimize_kl(lh, pos0(), key=jax.random.PRNGKey(0), n_total_iterations=3, n_samples=2, sample_mode=mode,
-                       callback=lambda s, st: seen.append(np.asarray(s.keys)), **FAST)
+        sv.optimize_kl(
+            lh,
+            pos0(),
+            key=jax.random.PRNGKey(0),
+            n_total_iterations=3,
+            n_samples=2,
+            sample_mode=mode,
+            callback=lambda s, st: seen.append(np.asarray(s.keys)),
+            **FAST,
+        )
         keys[mode] = seen
     assert not np.array_equal(keys["linear_resample"][0], keys["linear_resample"][1])
     np.testing.assert_array_equal(keys["linear_sample"][0], keys["linear_sample"][2])
@@ -63,41 +78,80 @@ def test_sample_key_semantics(lh):
     np.testing.assert_array_equal(keys["linear_sample"][0], keys["linear_resample"][0])
 
 
+@pytest.mark.slow
 def test_callables_per_iteration(lh):
     seen = []
     _, state = sv.optimize_kl(
-        lh, pos0(), key=jax.random.PRNGKey(1), n_total_iterations=3,
-        n_samples=lambda i: 1 + i, sample_mode=lambda i: "linear_resample" if i < 2 else "nonlinear_update",
+        lh,
+        pos0(),
+        key=jax.random.PRNGKey(1),
+        n_total_iterations=3,
+        n_samples=lambda i: 1 + i,
+        sample_mode=lambda i: "linear_resample" if i < 2 else "nonlinear_update",
         linear_sampling=lambda i: sv.CGConfig(tol=1e-6, maxiter=50 + i),
         nonlinear_update=sv.NewtonCGConfig(xtol=1e-6, maxiter=5),
         kl_minimization=lambda i: sv.NewtonCGConfig(xtol=1e-6, maxiter=3 + i),
-        callback=lambda s, st: seen.append(len(s)))
+        callback=lambda s, st: seen.append(len(s)),
+    )
     assert seen == [2, 4, 6]
     assert [r.sample_mode for r in state.history] == ["linear_resample", "linear_resample", "nonlinear_resample"]
 
 
+@pytest.mark.slow
 def test_point_estimates_not_sampled(lh):
-    samples, _ = sv.optimize_kl(lh, pos0(), key=jax.random.PRNGKey(2), n_total_iterations=2, n_samples=2,
-                                sample_mode="nonlinear_resample", point_estimates=("b",), **FAST)
+    samples, _ = sv.optimize_kl(
+        lh,
+        pos0(),
+        key=jax.random.PRNGKey(2),
+        n_total_iterations=2,
+        n_samples=2,
+        sample_mode="nonlinear_resample",
+        point_estimates=("b",),
+        **FAST,
+    )
     assert np.all(np.asarray(samples.residuals["b"]) == 0.0)
     assert np.any(np.asarray(samples.residuals["a"]) != 0.0)
     # pytree-of-bools form is equivalent
-    samples2, _ = sv.optimize_kl(lh, pos0(), key=jax.random.PRNGKey(2), n_total_iterations=2, n_samples=2,
-                                 sample_mode="nonlinear_resample", point_estimates={"a": False, "b": True}, **FAST)
+    samples2, _ = sv.optimize_kl(
+        lh,
+        pos0(),
+        key=jax.random.PRNGKey(2),
+        n_total_iterations=2,
+        n_samples=2,
+        sample_mode="nonlinear_resample",
+        point_estimates={"a": False, "b": True},
+        **FAST,
+    )
     np.testing.assert_array_equal(np.asarray(samples.pos["a"]), np.asarray(samples2.pos["a"]))
 
 
 def test_constants_not_optimized(lh):
     start = {"a": jnp.zeros(N), "b": jnp.asarray(0.7)}
-    samples, _ = sv.optimize_kl(lh, start, key=jax.random.PRNGKey(2), n_total_iterations=2, n_samples=1,
-                                sample_mode="linear_resample", constants=("b",), **FAST)
+    samples, _ = sv.optimize_kl(
+        lh,
+        start,
+        key=jax.random.PRNGKey(2),
+        n_total_iterations=2,
+        n_samples=1,
+        sample_mode="linear_resample",
+        constants=("b",),
+        **FAST,
+    )
     assert float(samples.pos["b"]) == 0.7
     assert np.any(np.asarray(samples.pos["a"]) != 0.0)
 
 
 def test_mirror_off(lh):
-    samples, _ = sv.optimize_kl(lh, pos0(), key=jax.random.PRNGKey(2), n_total_iterations=1, n_samples=3,
-                                sample_mode="linear_resample", mirror_samples=False, **FAST)
+    samples, _ = sv.optimize_kl(
+        lh,
+        pos0(),
+        key=jax.random.PRNGKey(2),
+        n_total_iterations=1,
+        n_samples=3,
+        sample_mode="linear_resample",
+        mirror_samples=False,
+        **FAST,
+    )
     assert len(samples) == 3
 
 
@@ -105,41 +159,68 @@ def test_optax_kl_minimization(lh):
     """An optax optimizer as KL minimizer reaches the same MAP as Newton-CG."""
     kw = dict(key=jax.random.PRNGKey(0), n_total_iterations=1, n_samples=0, sample_mode="linear_resample")
     s_newton, _ = sv.optimize_kl(lh, pos0(), kl_minimization=sv.NewtonCGConfig(xtol=1e-12, maxiter=100), **kw)
-    s_optax, st = sv.optimize_kl(lh, pos0(), kl_minimization=sv.OptaxConfig(optax.lbfgs(), maxiter=500, gtol=1e-9),
-                                 **kw)
+    s_optax, st = sv.optimize_kl(
+        lh, pos0(), kl_minimization=sv.OptaxConfig(optax.lbfgs(), maxiter=500, gtol=1e-9), **kw
+    )
     np.testing.assert_allclose(np.asarray(s_optax.pos["a"]), np.asarray(s_newton.pos["a"]), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_no_recompilation_after_first_iteration(lh):
     counts = []
     with CompileCounter() as cc:
-        sv.optimize_kl(lh, pos0(), key=jax.random.PRNGKey(4), n_total_iterations=4, n_samples=2,
-                       sample_mode="nonlinear_resample", callback=lambda s, st: counts.append(cc.count), **FAST)
+        sv.optimize_kl(
+            lh,
+            pos0(),
+            key=jax.random.PRNGKey(4),
+            n_total_iterations=4,
+            n_samples=2,
+            sample_mode="nonlinear_resample",
+            callback=lambda s, st: counts.append(cc.count),
+            **FAST,
+        )
     assert counts[0] > 0
     assert counts[1:] == [counts[0]] * 3, counts
 
 
+@pytest.mark.slow
 def test_no_recompilation_linear_then_update(lh):
     counts = []
     with CompileCounter() as cc:
-        sv.optimize_kl(lh, pos0(), key=jax.random.PRNGKey(4), n_total_iterations=5, n_samples=2,
-                       sample_mode=lambda i: "linear_resample" if i < 2 else "nonlinear_update",
-                       callback=lambda s, st: counts.append(cc.count), **FAST)
-    assert counts[1] == counts[0]          # same mode class: no new compilation
-    assert counts[4] == counts[3]          # nonlinear_update keeps its compiled update
+        sv.optimize_kl(
+            lh,
+            pos0(),
+            key=jax.random.PRNGKey(4),
+            n_total_iterations=5,
+            n_samples=2,
+            sample_mode=lambda i: "linear_resample" if i < 2 else "nonlinear_update",
+            callback=lambda s, st: counts.append(cc.count),
+            **FAST,
+        )
+    assert counts[1] == counts[0]  # same mode class: no new compilation
+    assert counts[4] == counts[3]  # nonlinear_update keeps its compiled update
 
 
 def test_iteration_log_line(lh, caplog):
     with caplog.at_level(logging.INFO, logger="shardvi"):
-        sv.optimize_kl(lh, pos0(), key=jax.random.PRNGKey(0), n_total_iterations=1, n_samples=1,
-                       sample_mode="linear_resample", **FAST)
+        sv.optimize_kl(
+            lh,
+            pos0(),
+            key=jax.random.PRNGKey(0),
+            n_total_iterations=1,
+            n_samples=1,
+            sample_mode="linear_resample",
+            **FAST,
+        )
     lines = [r.getMessage() for r in caplog.records if r.name == "shardvi"]
     assert any("iteration 1/1" in m and "KL" in m and "red.chi2" in m for m in lines)
 
 
+@pytest.mark.slow
 def test_minisanity_table(lh):
-    samples, _ = sv.optimize_kl(lh, pos0(), key=jax.random.PRNGKey(0), n_total_iterations=2, n_samples=2,
-                                sample_mode="linear_resample", **FAST)
+    samples, _ = sv.optimize_kl(
+        lh, pos0(), key=jax.random.PRNGKey(0), n_total_iterations=2, n_samples=2, sample_mode="linear_resample", **FAST
+    )
     table = sv.minisanity(samples, lh)
     assert "likelihood" in table and "prior['a']" in table and "prior['b']" in table
     stats = sv.residual_stats(samples, lh)
@@ -149,13 +230,14 @@ def test_minisanity_table(lh):
     assert stats["prior"]["['a']"][3] == N
 
 
+@pytest.mark.slow
 def test_samples_api(lh):
-    samples, _ = sv.optimize_kl(lh, pos0(), key=jax.random.PRNGKey(0), n_total_iterations=1, n_samples=2,
-                                sample_mode="linear_resample", **FAST)
+    samples, _ = sv.optimize_kl(
+        lh, pos0(), key=jax.random.PRNGKey(0), n_total_iterations=1, n_samples=2, sample_mode="linear_resample", **FAST
+    )
     items = list(samples)
     assert len(items) == 4
-    np.testing.assert_allclose(np.asarray(items[1]["a"]),
-                               np.asarray(samples.pos["a"] + samples.residuals["a"][1]))
+    np.testing.assert_allclose(np.asarray(items[1]["a"]), np.asarray(samples.pos["a"] + samples.residuals["a"][1]))
     m, s = samples.mean_and_std(lambda x: x["a"] ** 2)
     vals = np.stack([np.asarray(x["a"]) ** 2 for x in items])
     np.testing.assert_allclose(np.asarray(m), vals.mean(0), rtol=1e-12)

@@ -1,5 +1,6 @@
 """Package hygiene: no import cycle, a light ``import shardvi``, a small public API, one version, a removable
 compile counter, the public example problems."""
+
 import ast
 import importlib.metadata
 import os
@@ -33,7 +34,8 @@ def _modules():
 
 def _is_type_checking(test):
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(tree):
@@ -49,6 +51,7 @@ def _imports(tree):
             out.append(node)
         for child in ast.iter_child_nodes(node):
             visit(child)
+
     visit(tree)
     return out
 
@@ -78,7 +81,7 @@ def import_graph():
             else:
                 if node.level:
                     base = package.split(".")
-                    base = base[:len(base) - (node.level - 1)]
+                    base = base[: len(base) - (node.level - 1)]
                     base = ".".join(base + ([node.module] if node.module else []))
                 else:
                     base = node.module
@@ -103,7 +106,7 @@ def find_cycle(graph):
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state:
                 cycle = dfs(nxt)
                 if cycle:
@@ -141,8 +144,15 @@ def test_no_import_cycle():
 # ------------------------------------------------------------------------------------------------ import cost
 def test_import_shardvi_loads_neither_matplotlib_nor_finufft():
     code = "import shardvi, sys; assert 'matplotlib' not in sys.modules and 'jax_finufft' not in sys.modules"
-    res = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, cwd=ROOT, timeout=120,
-                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
     assert res.returncode == 0, res.stderr
 
 
@@ -154,15 +164,37 @@ def test_plot_never_selects_a_backend():
 
 
 # ------------------------------------------------------------------------------------------------ public API
-INTERNAL = ("check_devices", "chunked_apply", "opaque_constants", "match_vma", "nufft2d_type1", "nufft2d_type2",
-            "fixed_order_mean", "map_mean", "place", "reproducible_jit", "check_progress")
+INTERNAL = (
+    "check_devices",
+    "chunked_apply",
+    "opaque_constants",
+    "match_vma",
+    "nufft2d_type1",
+    "nufft2d_type2",
+    "fixed_order_mean",
+    "map_mean",
+    "place",
+    "reproducible_jit",
+    "check_progress",
+)
 
 
 def test_top_level_all_holds_no_internal_helper():
     assert not [n for n in sv.__all__ if n in INTERNAL or n.startswith(("nufft2d", "_"))]
     assert len(set(sv.__all__)) == len(sv.__all__)
-    for name in ("Model", "Gaussian", "optimize_kl", "Samples", "CGConfig", "NewtonCGConfig", "plot", "examples",
-                 "compilation", "parallel", "minimizers"):
+    for name in (
+        "Model",
+        "Gaussian",
+        "optimize_kl",
+        "Samples",
+        "CGConfig",
+        "NewtonCGConfig",
+        "plot",
+        "examples",
+        "compilation",
+        "parallel",
+        "minimizers",
+    ):
         assert name in sv.__all__, name
     with pytest.raises(AttributeError, match="check_devices"):
         sv.check_devices  # noqa: B018
@@ -170,6 +202,7 @@ def test_top_level_all_holds_no_internal_helper():
 
 def test_version_has_one_source_and_matches_the_metadata():
     from shardvi._version import __version__
+
     assert sv.__version__ == __version__ == importlib.metadata.version("shardvi")
     with open(os.path.join(ROOT, "pyproject.toml")) as f:
         text = f.read()
@@ -180,6 +213,7 @@ def test_version_has_one_source_and_matches_the_metadata():
 # ------------------------------------------------------------------------------------------------ CompileCounter
 def test_compile_counter_counts_and_stops_after_close():
     from jax._src import monitoring
+
     before = len(monitoring.get_event_duration_listeners())
     with CompileCounter() as outer:
         with CompileCounter() as inner:
@@ -218,6 +252,7 @@ def test_benchmarks_use_the_library_compile_counter():
 # ------------------------------------------------------------------------------------------------ examples
 def test_examples_are_public_and_deterministic():
     from shardvi import examples
+
     assert set(examples.__all__) == {"DEMOS", "Demo", "build_demo"} and sv.examples is examples
     assert not os.path.exists(os.path.join(PKG, "_demo_models.py"))
     a, b = examples.build_demo("lognormal_1d", npix=16, seed=3), examples.build_demo("lognormal_1d", npix=16, seed=3)

@@ -1,4 +1,5 @@
 """Strategy objects: construction, bad input, padding, chunking, gradients, collectives."""
+
 import dataclasses
 import warnings
 from unittest import mock
@@ -7,10 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _parallel_problem import likelihood, position
 from jax.sharding import PartitionSpec as P
 
 import shardvi as sv
-from _parallel_problem import likelihood, position
 from shardvi.examples import build_demo
 from shardvi.parallel import JitSharding, LaxMap, Pmap, ShardMap, Vmap
 from shardvi.parallel.reproducible import reproducible_jit
@@ -26,6 +27,7 @@ def _fake_device(platform):
 
 
 # -- construction and bad input ---------------------------------------------------------------
+
 
 def test_names_objects_and_fields():
     devs = jax.devices()[:2]
@@ -65,15 +67,28 @@ def test_bad_devices(cls, devices, exc, match):
 @pytest.mark.parametrize("devices,exc,match", BAD_DEVICES[:1] + BAD_DEVICES[-1:])
 def test_bad_devices_in_optimize_kl(devices, exc, match):
     with pytest.raises(exc, match=match):
-        sv.optimize_kl(likelihood(), position(), key=jax.random.PRNGKey(0), n_total_iterations=1, n_samples=1,
-                       sample_map="shard_map", devices=devices)
+        sv.optimize_kl(
+            likelihood(),
+            position(),
+            key=jax.random.PRNGKey(0),
+            n_total_iterations=1,
+            n_samples=1,
+            sample_map="shard_map",
+            devices=devices,
+        )
 
 
-@pytest.mark.parametrize("kwargs,exc,match", [
-    (dict(chunk_size=0), ValueError, "chunk_size"), (dict(chunk_size=1.5), ValueError, "chunk_size"),
-    (dict(chunk_size=None), ValueError, "chunk_size"), (dict(chunk_size=True), ValueError, "chunk_size"),
-    (dict(reduce="sum"), ValueError, "reduce"), (dict(pad="yes"), TypeError, "pad"),
-])
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        (dict(chunk_size=0), ValueError, "chunk_size"),
+        (dict(chunk_size=1.5), ValueError, "chunk_size"),
+        (dict(chunk_size=None), ValueError, "chunk_size"),
+        (dict(chunk_size=True), ValueError, "chunk_size"),
+        (dict(reduce="sum"), ValueError, "reduce"),
+        (dict(pad="yes"), TypeError, "pad"),
+    ],
+)
 def test_bad_options(kwargs, exc, match):
     for cls in MULTI:
         with pytest.raises(exc, match=match):
@@ -97,8 +112,15 @@ def test_unplaceable_sample_count_raises(cls):
     """pad=False: a count that is no multiple of devices x chunk_size names n_samples and the counts that work."""
     strat = cls(devices=jax.devices()[:4], pad=False)
     with pytest.raises(ValueError, match=r"n_samples: .* cannot place 3 samples on 4 device\(s\).*multiple of 4"):
-        sv.optimize_kl(likelihood(), position(), key=jax.random.PRNGKey(0), n_total_iterations=1, n_samples=3,
-                       sample_map=strat, kl_map=strat)
+        sv.optimize_kl(
+            likelihood(),
+            position(),
+            key=jax.random.PRNGKey(0),
+            n_total_iterations=1,
+            n_samples=3,
+            sample_map=strat,
+            kl_map=strat,
+        )
     with pytest.raises(ValueError, match=r"multiple of 8 .* e.g. 8, 16, 24"):
         cls(devices=jax.devices()[:4], chunk_size=2, pad=False).map(lambda x: x, (0,))(jnp.ones(6))
 
@@ -121,6 +143,7 @@ def test_place_replicates_over_the_strategy_devices():
 
 # -- padding, chunking, fast means ------------------------------------------------------------
 
+
 def _per_sample(w, x):
     y = w * x
     return jnp.sum(jnp.sin(y) ** 2) / 3.0, y
@@ -136,7 +159,7 @@ W = jnp.array([0.3, -0.7, 1.1, 0.2])
 @pytest.mark.parametrize("chunk", [1, 2])
 @pytest.mark.parametrize("cls", MULTI)
 def test_padding_is_dropped_and_contributes_exactly_zero(cls, chunk):
-    xs = _samples(5)                       # 4 devices: padded to 8 samples
+    xs = _samples(5)  # 4 devices: padded to 8 samples
     ref_strat = Vmap(chunk_size=chunk)
     ref_map = reproducible_jit(lambda w, x: ref_strat.map(_per_sample, (None, 0))(w, x))(W, xs)
     ref_mean = reproducible_jit(lambda w, x: sv.parallel.map_mean(ref_strat, _per_sample, (None, 0))(w, x))(W, xs)
@@ -172,6 +195,7 @@ def test_fast_kl_means_differ_by_ulps(cls):
     def kl(strat):
         f = jax.jit(lambda p, r: kl_value_and_grad(demo.likelihood, p, r, strat))
         return jax.tree.leaves(f(*sv.parallel.place(strat, (pos, r))))
+
     for a, b in zip(kl(cls(devices=jax.devices()[:4], reduce="psum")), kl(Vmap())):
         a, b = np.asarray(a), np.asarray(b)
         assert np.max(np.abs(a - b)) <= 1e-14 * np.max(np.abs(b))
@@ -185,20 +209,26 @@ def test_chunked_draws_bitwise_for_any_device_count():
     pos = jax.tree.map(lambda x: x + 0.1, demo.position)
 
     def draw(strat):
-        f = reproducible_jit(lambda p, k: strat.map(
-            lambda p, k: sv.draw_linear_residual(demo.likelihood, p, k, cfg)[0], (None, 0))(p, k))
+        f = reproducible_jit(
+            lambda p, k: strat.map(lambda p, k: sv.draw_linear_residual(demo.likelihood, p, k, cfg)[0], (None, 0))(p, k)
+        )
         return [np.asarray(x) for x in jax.tree.leaves(f(*sv.parallel.place(strat, (pos, keys))))]
 
     ref = draw(Vmap(chunk_size=2))
     devs = jax.devices()
-    for strat in (ShardMap(devices=devs[:4], chunk_size=2), ShardMap(devices=devs[:2], chunk_size=2),
-                  Pmap(devices=devs[:4], chunk_size=2), JitSharding(devices=devs[:4], chunk_size=2),
-                  LaxMap(batch_size=2)):
+    for strat in (
+        ShardMap(devices=devs[:4], chunk_size=2),
+        ShardMap(devices=devs[:2], chunk_size=2),
+        Pmap(devices=devs[:4], chunk_size=2),
+        JitSharding(devices=devs[:4], chunk_size=2),
+        LaxMap(batch_size=2),
+    ):
         for a, b in zip(draw(strat), ref):
             assert np.array_equal(a, b), strat
 
 
 # -- per-sample gradients of replicated parameters (the check_vma trap) ------------------------
+
 
 def _loss(w, x):
     return jnp.sum(jnp.sin(w * x) ** 2) + 0.5 * jnp.dot(w, w)
@@ -209,20 +239,26 @@ def test_per_sample_gradients_of_replicated_parameters():
     grad = jax.grad(_loss)
     ref = jax.vmap(grad, (None, 0))(W, xs)
     devs = jax.devices()[:2]
-    for strat in (ShardMap(devices=devs), ShardMap(devices=devs, check_vma=True), Pmap(devices=devs),
-                  JitSharding(devices=devs)):
+    for strat in (
+        ShardMap(devices=devs),
+        ShardMap(devices=devs, check_vma=True),
+        Pmap(devices=devs),
+        JitSharding(devices=devs),
+    ):
         out = jax.jit(strat.map(grad, (None, 0)))(*strat.place((W, xs)))
         np.testing.assert_allclose(out, ref, rtol=1e-14, atol=1e-15, err_msg=str(strat))
     # the trap the strategies avoid: a plain shard_map with check_vma=True sums the gradient of the
     # replicated w over devices
     mesh = sv.parallel.sample_mesh(devs)
     body = lambda w, x: jax.vmap(lambda xx: jax.grad(lambda ww: _loss(ww, xx))(w))(x)  # noqa: E731
-    trapped = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P("samples")), out_specs=P("samples"),
-                                    check_vma=True))(W, xs)
+    trapped = jax.jit(
+        jax.shard_map(body, mesh=mesh, in_specs=(P(), P("samples")), out_specs=P("samples"), check_vma=True)
+    )(W, xs)
     assert not np.allclose(trapped, ref)
 
 
 # -- collectives ------------------------------------------------------------------------------
+
 
 def test_count_collectives_parses_hlo():
     hlo = """HloModule m
@@ -255,8 +291,11 @@ def test_sampling_cg_loop_has_no_collectives_under_shard_map_and_pmap():
     keys = jax.random.split(jax.random.PRNGKey(0), 4)
     cfg = sv.CGConfig(tol=1e-8, maxiter=50)
     found = {}
-    for strat in (ShardMap(devices=jax.devices()[:4]), Pmap(devices=jax.devices()[:4]),
-                  JitSharding(devices=jax.devices()[:4])):
+    for strat in (
+        ShardMap(devices=jax.devices()[:4]),
+        Pmap(devices=jax.devices()[:4]),
+        JitSharding(devices=jax.devices()[:4]),
+    ):
         opt = sv.OptimizeVI(lh, 1, n_samples=4, sample_map=strat, kl_map=strat)
         found[strat.name] = sv.parallel.collectives(opt._draw_linear, position(), keys, config=cfg)
     for name in ("shard_map", "pmap"):

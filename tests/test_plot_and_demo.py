@@ -1,5 +1,6 @@
 """Figures are valid PNGs; the Wiener-filter demo reproduces the closed form; the README's Usage
 snippet runs as written; ``import shardvi`` is light; the minisanity table is aligned."""
+
 import os
 import re
 import runpy
@@ -29,22 +30,27 @@ def test_plot_functions_write_pngs(tmp_path):
     rng = np.random.default_rng(0)
     img = rng.normal(size=(16, 12))
     plot.plot_reconstruction(img, np.abs(img) + 0.1, truth=img + 0.1, data=img, path=tmp_path / "a.png")
-    plot.plot_reconstruction(img[0], np.ones(12), truth=img[1], data=img[2, :5], data_coords=np.arange(5),
-                             path=tmp_path / "b.png")
+    plot.plot_reconstruction(
+        img[0], np.ones(12), truth=img[1], data=img[2, :5], data_coords=np.arange(5), path=tmp_path / "b.png"
+    )
     plot.plot_samples(rng.normal(size=(3, 16, 12)), path=tmp_path / "c.png")
     plot.plot_samples(rng.normal(size=(3, 16)), truth=img[0], path=tmp_path / "d.png")
     k = np.linspace(0, 10, 20)
     plot.plot_power_spectra(k, np.exp(-rng.random((4, 20))), truth=np.ones(20), path=tmp_path / "e.png")
-    hist = [IterationReport(i, "linear_resample", 2, 10.0 / i, [3], [], 2, 5, 0, 1.0 + 1 / i, 1.0, 0.1)
-            for i in (1, 2, 3)]
+    hist = [
+        IterationReport(i, "linear_resample", 2, 10.0 / i, [3], [], 2, 5, 0, 1.0 + 1 / i, 1.0, 0.1) for i in (1, 2, 3)
+    ]
     plot.plot_convergence(hist, path=tmp_path / "f.png")
     for name in "abcdef":
         assert is_png(tmp_path / f"{name}.png"), name
 
 
 def test_wiener_demo_runs_and_matches(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["wiener_filter_1d.py", "--npix", "64", "--n-samples", "2",
-                                      "--iterations", "2", "--output", str(tmp_path)])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        ["wiener_filter_1d.py", "--npix", "64", "--n-samples", "2", "--iterations", "2", "--output", str(tmp_path)],
+    )
     mod = runpy.run_path(os.path.join(ROOT, "demos", "wiener_filter_1d.py"), run_name="demo")
     assert mod["main"]() == 0
     out, err = capsys.readouterr()
@@ -52,16 +58,24 @@ def test_wiener_demo_runs_and_matches(tmp_path, monkeypatch, capsys):
     assert rel < mod["MAX_REL_ERROR"]
     assert "vmap on 1 device(s)" in out
     # progress (not --quiet, stderr no terminal): one summary line per iteration
-    assert [ln.split(" [")[0] for ln in err.splitlines() if ln.startswith("iteration")] == \
-        ["iteration 1/2", "iteration 2/2"]
+    assert [ln.split(" [")[0] for ln in err.splitlines() if ln.startswith("iteration")] == [
+        "iteration 1/2",
+        "iteration 2/2",
+    ]
     for f in ("reconstruction.png", "samples.png", "convergence.png"):
         assert is_png(tmp_path / f)
 
 
 def run_python(code):
     """Run ``code`` in a fresh interpreter (no conftest); returns stdout, fails on a non-zero exit."""
-    res = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                         cwd=ROOT, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    res = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
     assert res.returncode == 0, res.stderr
     return res.stdout
 
@@ -90,14 +104,26 @@ def test_top_level_names_resolve():
     for name in sv.__all__:
         assert getattr(sv, name) is not None, name
     assert sv.plot is plot and sv.Gaussian is sv.vi.Gaussian and sv.NUFFTResponse is sv.models.NUFFTResponse
-    for listed in ("CorrelatedFieldMaker", "Normal", "LogNormal", "InvGamma", "Laplace", "Uniform", "prior_model",
-                   "NUFFTResponse", "Mask", "Sampling", "plot"):
+    for listed in (
+        "CorrelatedFieldMaker",
+        "Normal",
+        "LogNormal",
+        "InvGamma",
+        "Laplace",
+        "Uniform",
+        "prior_model",
+        "NUFFTResponse",
+        "Mask",
+        "Sampling",
+        "plot",
+    ):
         assert listed in sv.__all__
 
 
 def test_type_checking_imports_match_the_lazy_table():
     """The static imports (for IDEs and type checkers) name exactly what ``__getattr__`` serves."""
     import ast
+
     with open(os.path.join(ROOT, "shardvi", "__init__.py")) as f:
         tree = ast.parse(f.read())
     block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
@@ -139,7 +165,7 @@ def test_readme_usage_snippet_runs_as_written(capsys):
     mean, std, truth = (np.asarray(ns[k]) for k in ("mean", "std", "truth"))
     assert mean.shape == std.shape == truth.shape == (128,)
     assert np.all(std > 0)
-    assert np.mean(np.abs(mean - truth) <= 2 * std) >= 0.85           # 2-sigma coverage
+    assert np.mean(np.abs(mean - truth) <= 2 * std) >= 0.85  # 2-sigma coverage
     # pixels are independent and the noise std is 0.1: the posterior is about data +- 0.1 (less where the prior
     # of s = exp(xi) helps)
     assert np.sqrt(np.mean((mean - truth) ** 2)) < 0.15
@@ -150,8 +176,20 @@ def test_readme_usage_snippet_runs_as_written(capsys):
 
 def test_readme_pieces_table_lists_the_public_pieces():
     table = readme_section("### Pieces")
-    for piece in ("sv.CorrelatedFieldMaker", "sv.Normal", "sv.LogNormal", "sv.InvGamma", "sv.Laplace", "sv.Uniform",
-                  "sv.prior_model", "sv.NUFFTResponse", "sv.Mask", "sv.Sampling", "sv.plot", "sv.minisanity"):
+    for piece in (
+        "sv.CorrelatedFieldMaker",
+        "sv.Normal",
+        "sv.LogNormal",
+        "sv.InvGamma",
+        "sv.Laplace",
+        "sv.Uniform",
+        "sv.prior_model",
+        "sv.NUFFTResponse",
+        "sv.Mask",
+        "sv.Sampling",
+        "sv.plot",
+        "sv.minisanity",
+    ):
         assert f"`{piece}" in table, piece
 
 
@@ -169,17 +207,23 @@ def test_minisanity_names_and_values():
     xs = pos + res
     chi2_lh = np.mean(((data - np.exp(xs)) / 0.2) ** 2)
     assert float(lines[1].split()[1]) == float(f"{chi2_lh:.4g}")
-    assert float(lines[2].split()[1]) == float(f"{np.mean(xs ** 2):.4g}")
+    assert float(lines[2].split()[1]) == float(f"{np.mean(xs**2):.4g}")
     assert lines[1].split()[-1] == lines[2].split()[-1] == str(n)
 
 
 def test_minisanity_columns_stay_aligned_for_long_names():
     row = (1.0123, 0.05, -0.001, 12)
-    stats = {"likelihood": {".": row},
-             "prior": {"['a']": row, "['a_very_long_latent_parameter_name_indeed']": (123.4, 1.0, 2.0, 123456)}}
+    stats = {
+        "likelihood": {".": row},
+        "prior": {"['a']": row, "['a_very_long_latent_parameter_name_indeed']": (123.4, 1.0, 2.0, 123456)},
+    }
     lines = format_residual_stats(stats).splitlines()
-    assert [ln.split()[0] for ln in lines] == ["residual", "likelihood", "prior['a']",
-                                               "prior['a_very_long_latent_parameter_name_indeed']"]
-    assert len({len(ln) for ln in lines}) == 1                       # every row as wide as the header
+    assert [ln.split()[0] for ln in lines] == [
+        "residual",
+        "likelihood",
+        "prior['a']",
+        "prior['a_very_long_latent_parameter_name_indeed']",
+    ]
+    assert len({len(ln) for ln in lines}) == 1  # every row as wide as the header
     ends = {ln.index(ln.split()[1]) + len(ln.split()[1]) for ln in lines}
-    assert len(ends) == 1                                           # red.chi2 column right-aligned
+    assert len(ends) == 1  # red.chi2 column right-aligned

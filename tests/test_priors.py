@@ -1,4 +1,5 @@
 """Priors: standard-normal latent -> distribution; moments, quantiles, tails, gradients vs scipy.stats."""
+
 import math
 
 import jax
@@ -12,12 +13,11 @@ import shardvi as sv
 from shardvi.models import InvGamma, Laplace, LogNormal, Normal, Uniform, gamma_quantile_from_normal, prior_model
 
 N_SAMPLES = 100_000
-Z = 5.0   # tolerance in standard errors (deterministic keys: no flakiness, generous margin)
+Z = 5.0  # tolerance in standard errors (deterministic keys: no flakiness, generous margin)
 
 CASES = [
     (Normal(1.5, 0.7), st.norm(1.5, 0.7)),
-    (LogNormal(2.0, 0.5), st.lognorm(s=math.sqrt(math.log1p(0.25 ** 2)),
-                                     scale=2.0 / math.sqrt(1 + 0.25 ** 2))),
+    (LogNormal(2.0, 0.5), st.lognorm(s=math.sqrt(math.log1p(0.25**2)), scale=2.0 / math.sqrt(1 + 0.25**2))),
     (Uniform(-1.0, 3.0), st.uniform(-1.0, 4.0)),
     (InvGamma(6.0, 2.0), st.invgamma(6.0, scale=2.0)),
     (Laplace(0.5, 1.3), st.laplace(0.5, 1.3)),
@@ -70,11 +70,14 @@ def test_gamma_quantile_accuracy_over_shapes(a):
     np.testing.assert_allclose(ig, want_ig, rtol=1e-9)
 
 
-@pytest.mark.parametrize("prior", [p for p, _ in CASES] + [InvGamma(0.1, 1.0), InvGamma(300.0, 1.0)],
-                         ids=IDS + ["InvGamma-small-a", "InvGamma-large-a"])
+@pytest.mark.parametrize(
+    "prior",
+    [p for p, _ in CASES] + [InvGamma(0.1, 1.0), InvGamma(300.0, 1.0)],
+    ids=IDS + ["InvGamma-small-a", "InvGamma-large-a"],
+)
 def test_tails_and_gradients_finite(prior):
     tails = jnp.linspace(-8.0, 8.0, 321)
-    x = jnp.linspace(-5.0, 5.0, 23) + 0.0123          # finite differences away from the extreme tails
+    x = jnp.linspace(-5.0, 5.0, 23) + 0.0123  # finite differences away from the extreme tails
     h = 1e-6
     values_and_grads = jax.jit(lambda z: (prior(z), jax.vmap(jax.grad(prior.__call__))(z)))
     v, g = (np.asarray(a) for a in values_and_grads(jnp.concatenate([tails, x - h, x + h, x])))
@@ -82,8 +85,8 @@ def test_tails_and_gradients_finite(prior):
     assert np.all(np.isfinite(v)) and np.all(np.isfinite(g))
     assert np.all(g[:n] > 0), "every map is increasing in xi"
     assert np.all(np.diff(v[:n]) >= 0)
-    fd = (v[n + 23:n + 46] - v[n:n + 23]) / (2 * h)
-    np.testing.assert_allclose(g[n + 46:], fd, rtol=1e-6, atol=1e-9)
+    fd = (v[n + 23 : n + 46] - v[n : n + 23]) / (2 * h)
+    np.testing.assert_allclose(g[n + 46 :], fd, rtol=1e-6, atol=1e-9)
 
 
 def test_laplace_gradient_at_zero():
@@ -98,7 +101,7 @@ def test_float32_and_jit_vmap(prior):
     v32 = jax.jit(jax.vmap(prior.__call__))(xi32)
     assert v32.dtype == jnp.float32 and np.all(np.isfinite(v32))
     np.testing.assert_allclose(v32, prior(xi32.astype(jnp.float64)), rtol=2e-5, atol=1e-6)
-    assert prior(2).dtype == jnp.result_type(float)   # integer input is promoted
+    assert prior(2).dtype == jnp.result_type(float)  # integer input is promoted
 
 
 def test_domain_helper_and_prior_model():
@@ -115,13 +118,21 @@ def test_domain_helper_and_prior_model():
         prior_model((1.0, 0.3))
 
 
-@pytest.mark.parametrize("make,param", [
-    (lambda: Normal(0.0, 0.0), "std"), (lambda: Normal(float("nan"), 1.0), "mean"),
-    (lambda: LogNormal(-1.0, 1.0), "mean"), (lambda: LogNormal(1.0, -0.1), "std"),
-    (lambda: Uniform(1.0, 1.0), "high"), (lambda: Uniform(float("inf"), 2.0), "low"),
-    (lambda: InvGamma(0.0, 1.0), "a"), (lambda: InvGamma(1.0, -2.0), "scale"),
-    (lambda: Laplace(0.0, 0.0), "scale"), (lambda: gamma_quantile_from_normal(-1.0, 0.0), "a"),
-])
+@pytest.mark.parametrize(
+    "make,param",
+    [
+        (lambda: Normal(0.0, 0.0), "std"),
+        (lambda: Normal(float("nan"), 1.0), "mean"),
+        (lambda: LogNormal(-1.0, 1.0), "mean"),
+        (lambda: LogNormal(1.0, -0.1), "std"),
+        (lambda: Uniform(1.0, 1.0), "high"),
+        (lambda: Uniform(float("inf"), 2.0), "low"),
+        (lambda: InvGamma(0.0, 1.0), "a"),
+        (lambda: InvGamma(1.0, -2.0), "scale"),
+        (lambda: Laplace(0.0, 0.0), "scale"),
+        (lambda: gamma_quantile_from_normal(-1.0, 0.0), "a"),
+    ],
+)
 def test_bad_parameters_name_the_parameter(make, param):
     with pytest.raises(ValueError, match=rf"\b{param}\b"):
         make()
@@ -133,5 +144,5 @@ def test_bad_parameter_types():
     with pytest.raises(TypeError, match="std"):
         LogNormal(1.0, True)
     p = Normal(0.0, 1.0)
-    with pytest.raises(Exception):
-        p.mean = 2.0       # frozen
+    with pytest.raises(Exception):  # noqa: B017 -- frozen: FrozenInstanceError or AttributeError
+        p.mean = 2.0  # frozen

@@ -1,4 +1,5 @@
 """Progress output of optimize_kl: a bar on a terminal, one line per iteration otherwise, silence on request."""
+
 import io
 import re
 import sys
@@ -13,11 +14,15 @@ from shardvi.compilation import CompileCounter
 from shardvi.vi.progress import BarProgress, LineProgress, Progress, check_progress, open_display
 
 N = 6
-FAST = dict(linear_sampling=sv.CGConfig(tol=1e-8, maxiter=100),
-            nonlinear_update=sv.NewtonCGConfig(xtol=1e-8, maxiter=10),
-            kl_minimization=sv.NewtonCGConfig(xtol=1e-8, maxiter=10))
-SUMMARY = re.compile(r"^iteration (\d+)/(\d+) \[(\w+), (\d+) pairs\] KL \S+ \| .* red\.chi2 lh \S+ prior \S+ \| "
-                     r"[0-9.]+ s$")
+FAST = dict(
+    linear_sampling=sv.CGConfig(tol=1e-8, maxiter=100),
+    nonlinear_update=sv.NewtonCGConfig(xtol=1e-8, maxiter=10),
+    kl_minimization=sv.NewtonCGConfig(xtol=1e-8, maxiter=10),
+)
+SUMMARY = re.compile(
+    r"^iteration (\d+)/(\d+) \[(\w+), (\d+) pairs\] KL \S+ \| .* red\.chi2 lh \S+ prior \S+ \| "
+    r"[0-9.]+ s$"
+)
 
 
 class FakeTTY(io.StringIO):
@@ -62,7 +67,7 @@ def run(lh, iterations=2, **kw):
 
 
 def test_not_a_terminal_prints_one_summary_line_per_iteration(lh, capsys):
-    _, state = run(lh, iterations=3)          # default progress="auto"; pytest's stderr is no terminal
+    _, state = run(lh, iterations=3)  # default progress="auto"; pytest's stderr is no terminal
     out, err = capsys.readouterr()
     assert out == ""
     lines = err.splitlines()
@@ -84,11 +89,16 @@ def test_terminal_shows_a_bar_with_stages_and_summaries(lh, monkeypatch):
     monkeypatch.setattr(sys, "stderr", tty)
     run(lh, iterations=2, sample_mode=lambda i: "linear_resample" if i == 0 else "nonlinear_resample")
     text = tty.getvalue()
-    for label in ("iteration 1/2: compiling + MGVI sampling", "iteration 1/2: compiling + KL minimization",
-                  "iteration 2/2: MGVI sampling", "iteration 2/2: compiling + geoVI update",
-                  "iteration 2/2: KL minimization", "2/2 ["):
+    for label in (
+        "iteration 1/2: compiling + MGVI sampling",
+        "iteration 1/2: compiling + KL minimization",
+        "iteration 2/2: MGVI sampling",
+        "iteration 2/2: compiling + geoVI update",
+        "iteration 2/2: KL minimization",
+        "2/2 [",
+    ):
         assert label in text, label
-    assert "iteration 2/2: compiling + MGVI sampling" not in text       # compiled in iteration 1
+    assert "iteration 2/2: compiling + MGVI sampling" not in text  # compiled in iteration 1
     # the summary lines stay on screen above the bar
     summaries = [ln.split("\r")[-1] for ln in text.split("\n") if SUMMARY.match(ln.split("\r")[-1])]
     assert [s.split()[1] for s in summaries] == ["1/2", "2/2"]
@@ -97,8 +107,14 @@ def test_terminal_shows_a_bar_with_stages_and_summaries(lh, monkeypatch):
 def test_stages_and_compiling_marks(lh, tmp_path):
     rec = Recorder()
     modes = ["linear_resample", "nonlinear_resample", "nonlinear_resample", "linear_resample"]
-    run(lh, iterations=4, sample_mode=lambda i: modes[i], n_samples=lambda i: 2 if i < 3 else 1,
-        progress=rec, checkpoint_dir=str(tmp_path / "ckpt"))
+    run(
+        lh,
+        iterations=4,
+        sample_mode=lambda i: modes[i],
+        n_samples=lambda i: 2 if i < 3 else 1,
+        progress=rec,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+    )
     per_iteration, current = [], None
     for call in rec.calls:
         if call[0] == "start":
@@ -109,13 +125,20 @@ def test_stages_and_compiling_marks(lh, tmp_path):
     assert per_iteration == [
         [("MGVI sampling", True), ("KL minimization", True), ("writing checkpoint", False)],
         [("MGVI sampling", False), ("geoVI update", True), ("KL minimization", False), ("writing checkpoint", False)],
-        [("MGVI sampling", False), ("geoVI update", False), ("KL minimization", False),
-         ("writing checkpoint", False)],
+        [("MGVI sampling", False), ("geoVI update", False), ("KL minimization", False), ("writing checkpoint", False)],
         # one pair instead of two: other shapes, compiled anew
         [("MGVI sampling", True), ("KL minimization", True), ("writing checkpoint", False)],
     ]
     assert [c[:2] for c in rec.calls if c[0] in ("start", "end")] == [
-        ("start", 0), ("end", 0), ("start", 1), ("end", 1), ("start", 2), ("end", 2), ("start", 3), ("end", 3)]
+        ("start", 0),
+        ("end", 0),
+        ("start", 1),
+        ("end", 1),
+        ("start", 2),
+        ("end", 2),
+        ("start", 3),
+        ("end", 3),
+    ]
     assert rec.calls[-1] == ("close",) and rec.calls.count(("close",)) == 1
 
 
@@ -166,8 +189,9 @@ def test_progress_hooks_add_no_compilation_and_change_no_bit(lh):
     start = sv.Samples(jnp.zeros(N), jnp.zeros((0, N)))
     counts = []
     with CompileCounter() as silent:
-        quiet_samples, _ = opt.run(start, opt.init_state(jax.random.PRNGKey(0)),
-                                   callback=lambda s, st: counts.append(silent.count))
+        quiet_samples, _ = opt.run(
+            start, opt.init_state(jax.random.PRNGKey(0)), callback=lambda s, st: counts.append(silent.count)
+        )
     assert counts[0] > 0 and counts[1] == counts[0], counts
     tty = FakeTTY()
     switch.inner = BarProgress(tty)
@@ -178,11 +202,14 @@ def test_progress_hooks_add_no_compilation_and_change_no_bit(lh):
     np.testing.assert_array_equal(np.asarray(bar_samples.samples), np.asarray(quiet_samples.samples))
 
 
-@pytest.mark.parametrize("value, err, match", [
-    ("yes", ValueError, "progress must be True, False or one of"),
-    (1, TypeError, "progress must be True, False, one of .* got int"),
-    (LineProgress, TypeError, "got type"),
-])
+@pytest.mark.parametrize(
+    "value, err, match",
+    [
+        ("yes", ValueError, "progress must be True, False or one of"),
+        (1, TypeError, "progress must be True, False, one of .* got int"),
+        (LineProgress, TypeError, "got type"),
+    ],
+)
 def test_bad_progress_is_rejected_before_running(lh, value, err, match):
     with CompileCounter() as cc, pytest.raises(err, match=match):
         run(lh, progress=value)
@@ -192,8 +219,9 @@ def test_bad_progress_is_rejected_before_running(lh, value, err, match):
 def test_summary_is_printed_once_when_logging_prints_it(lh, capsys):
     """With ``logging.basicConfig(level=logging.INFO)``-style console logging the line appears once."""
     import logging
+
     logger = logging.getLogger("shardvi")
-    handler = logging.StreamHandler(sys.stderr)          # capsys's stderr: a console as far as we know
+    handler = logging.StreamHandler(sys.stderr)  # capsys's stderr: a console as far as we know
     handler.setFormatter(logging.Formatter("LOG %(message)s"))
     level = logger.level
     logger.addHandler(handler)
@@ -209,6 +237,7 @@ def test_summary_is_printed_once_when_logging_prints_it(lh, capsys):
 
 def test_bar_restores_logging_handlers(lh, monkeypatch):
     import logging
+
     handlers = list(logging.root.handlers)
     tty = FakeTTY()
     monkeypatch.setattr(sys, "stderr", tty)

@@ -1,4 +1,5 @@
 """Likelihoods, models, responses and fields are pytrees; the engine passes them as arguments (issue 11)."""
+
 import re
 import tomllib
 import warnings
@@ -19,7 +20,7 @@ RNG = np.random.default_rng(11)
 
 
 def _contains(leaves, x) -> bool:
-    return any(np.shape(l) == np.shape(x) and np.array_equal(np.asarray(l), np.asarray(x)) for l in leaves)
+    return any(np.shape(leaf) == np.shape(x) and np.array_equal(np.asarray(leaf), np.asarray(x)) for leaf in leaves)
 
 
 # -- the classes and their leaves ---------------------------------------------------------------
@@ -32,12 +33,15 @@ def test_gaussian_is_a_class_whose_data_is_a_leaf():
     assert all(isinstance(x, jax.Array) for x in leaves)
 
 
-@pytest.mark.parametrize("make, arrays", [
-    (lambda d: sv.Poisson(np.round(np.abs(d) * 3)), lambda d: [np.round(np.abs(d) * 3)]),
-    (lambda d: sv.StudentT(d, dof=3.0, noise_std=0.5), lambda d: [d, np.full(d.shape, 3.0)]),
-    (lambda d: sv.VariableCovarianceGaussian(d), lambda d: [d]),
-    (lambda d: sv.Gaussian(d, noise_cov_inv=4.0), lambda d: [d, np.full(d.shape, 4.0), np.full(d.shape, 2.0)]),
-])
+@pytest.mark.parametrize(
+    "make, arrays",
+    [
+        (lambda d: sv.Poisson(np.round(np.abs(d) * 3)), lambda d: [np.round(np.abs(d) * 3)]),
+        (lambda d: sv.StudentT(d, dof=3.0, noise_std=0.5), lambda d: [d, np.full(d.shape, 3.0)]),
+        (lambda d: sv.VariableCovarianceGaussian(d), lambda d: [d]),
+        (lambda d: sv.Gaussian(d, noise_cov_inv=4.0), lambda d: [d, np.full(d.shape, 4.0), np.full(d.shape, 2.0)]),
+    ],
+)
 def test_every_likelihood_holds_its_arrays_as_leaves(make, arrays):
     d = RNG.normal(size=6)
     lh = make(d)
@@ -79,7 +83,7 @@ def test_modules_are_immutable_and_rebuild_without_init():
     lh = sv.Gaussian(np.arange(3.0), noise_std=1.0)
     with pytest.raises(AttributeError, match="immutable"):
         lh.data = np.zeros(3)
-    doubled = jtu.tree_map(lambda x: 2 * x, lh)   # rebuilt from leaves, no validation re-run
+    doubled = jtu.tree_map(lambda x: 2 * x, lh)  # rebuilt from leaves, no validation re-run
     assert isinstance(doubled, sv.Gaussian)
     np.testing.assert_array_equal(doubled.data, 2 * np.arange(3.0))
     # JAX may put anything at the leaves (placeholders, None); the structure is kept
@@ -90,6 +94,7 @@ def test_modules_are_immutable_and_rebuild_without_init():
 
 def test_one_compiled_program_for_likelihoods_of_equal_shapes():
     """The data are arguments: new data with the same shapes reuse the compiled program, bitwise."""
+
     @jax.jit
     def energy(lh, s):
         return lh.energy(s)
@@ -107,7 +112,7 @@ def test_one_compiled_program_for_likelihoods_of_equal_shapes():
 
 def test_function_likelihood_still_built_from_functions():
     dom = jax.ShapeDtypeStruct((3,), jnp.float64)
-    lh = sv.Likelihood(lambda s: jnp.sum(s ** 2), lambda s: 2 * s, domain=dom)
+    lh = sv.Likelihood(lambda s: jnp.sum(s**2), lambda s: 2 * s, domain=dom)
     assert isinstance(lh, sv.Likelihood) and type(lh).__name__ == "FunctionLikelihood"
     t = jnp.arange(3.0)
     np.testing.assert_allclose(lh.metric(jnp.ones(3), t), 4 * t)
@@ -143,8 +148,7 @@ def test_no_engine_step_embeds_the_data_as_a_constant():
     res = jtu.tree_map(lambda x: jnp.zeros((2,) + x.shape), pos)
     steps = {
         "draw_linear": opt._draw_linear.lower(pos, keys, config=sv.CGConfig()),
-        "curve": opt._curve.lower(pos, res, jnp.repeat(keys, 2, 0), jnp.array([1.0, -1.0]),
-                                  config=sv.NewtonCGConfig()),
+        "curve": opt._curve.lower(pos, res, jnp.repeat(keys, 2, 0), jnp.array([1.0, -1.0]), config=sv.NewtonCGConfig()),
         "minimize": opt._minimize.lower(pos, res, config=sv.NewtonCGConfig()),
         "diagnostics": opt._diagnostics.lower(pos, res),
     }
@@ -167,12 +171,22 @@ def test_engine_results_do_not_depend_on_the_data_being_arguments():
     model = sv.Model(lambda xi: jnp.exp(0.3 * xi["x"]), {"x": jax.ShapeDtypeStruct((n,), jnp.float64)})
     as_leaves = sv.Gaussian(d, noise_std=std).amend(model)
     dj = jnp.asarray(d)
-    closure = sv.Likelihood(lambda s: 0.5 * jnp.sum((dj - s) ** 2) / std ** 2, lambda s: s / std,
-                            domain=jax.ShapeDtypeStruct((n,), jnp.float64)).amend(model)
+    closure = sv.Likelihood(
+        lambda s: 0.5 * jnp.sum((dj - s) ** 2) / std**2,
+        lambda s: s / std,
+        domain=jax.ShapeDtypeStruct((n,), jnp.float64),
+    ).amend(model)
     out = []
     for lh in (as_leaves, closure):
-        s, _ = sv.optimize_kl(lh, {"x": jnp.zeros(n)}, key=jax.random.PRNGKey(3), n_total_iterations=2,
-                              n_samples=1, sample_mode="linear_resample", progress=False)
+        s, _ = sv.optimize_kl(
+            lh,
+            {"x": jnp.zeros(n)},
+            key=jax.random.PRNGKey(3),
+            n_total_iterations=2,
+            n_samples=1,
+            sample_mode="linear_resample",
+            progress=False,
+        )
         out.append(np.asarray(s.samples["x"]))
     np.testing.assert_allclose(out[0], out[1], rtol=1e-10, atol=1e-12)
 
@@ -186,7 +200,7 @@ def test_tested_jax_versions_are_declared_in_pyproject_and_checked():
         assert reproducible.check_jax_version(reproducible.TESTED_JAX_VERSIONS[0])
     with pytest.warns(reproducible.ReproducibilityWarning, match="0.0.1 is not among"):
         assert not reproducible.check_jax_version("0.0.1")
-    with warnings.catch_warnings():   # once per version
+    with warnings.catch_warnings():  # once per version
         warnings.simplefilter("error")
         reproducible.check_jax_version("0.0.1")
 
@@ -194,6 +208,7 @@ def test_tested_jax_versions_are_declared_in_pyproject_and_checked():
 def test_a_failed_rewrite_warns_instead_of_passing_silently(monkeypatch):
     def broken(jaxpr):
         raise TypeError("unknown equation")
+
     monkeypatch.setattr(reproducible, "_rewrite_jaxpr", broken)
     f = reproducible.reproducible_jit(lambda x: 0.8 * x)
     with pytest.warns(reproducible.ReproducibilityWarning, match="rewrite failed.*unknown equation"):

@@ -1,4 +1,5 @@
 """Responses: Mask, Sampling and the radio NUFFT (vs a dense DFT), under jit/vmap/AD/shard_map."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,9 +9,9 @@ from jax.sharding import PartitionSpec as P
 
 from shardvi.models import Mask, NUFFTResponse, Sampling, match_vma, nufft2d_type1, nufft2d_type2
 
-SHAPE = (12, 9)          # even x odd, non-square: exercises the centring convention
-PIX = (2.0e-5, 3.0e-5)   # radians
-M = 48                   # divisible by 4 devices
+SHAPE = (12, 9)  # even x odd, non-square: exercises the centring convention
+PIX = (2.0e-5, 3.0e-5)  # radians
+M = 48  # divisible by 4 devices
 
 
 def rel(a, b):
@@ -20,9 +21,9 @@ def rel(a, b):
 
 def dense_matrix(u, v, shape, pix):
     """A[j, (p, q)] = exp(-2 pi i (u_j l_p + v_j m_q)), l_p = (p - nx//2) dl (numpy, float64)."""
-    l = (np.arange(shape[0]) - shape[0] // 2) * pix[0]
-    m = (np.arange(shape[1]) - shape[1] // 2) * pix[1]
-    ph = u[:, None, None] * l[None, :, None] + v[:, None, None] * m[None, None, :]
+    l_p = (np.arange(shape[0]) - shape[0] // 2) * pix[0]
+    m_q = (np.arange(shape[1]) - shape[1] // 2) * pix[1]
+    ph = u[:, None, None] * l_p[None, :, None] + v[:, None, None] * m_q[None, None, :]
     return np.exp(-2j * np.pi * ph).reshape(len(u), -1)
 
 
@@ -34,8 +35,7 @@ def setup():
     v = rng.uniform(-0.7, 0.7, M) / PIX[1]
     img = rng.normal(size=SHAPE)
     d = rng.normal(size=M) + 1j * rng.normal(size=M)
-    return dict(u=u, v=v, img=img, d=d, A=dense_matrix(u, v, SHAPE, PIX),
-                R=NUFFTResponse(u, v, SHAPE, PIX, eps=1e-12))
+    return dict(u=u, v=v, img=img, d=d, A=dense_matrix(u, v, SHAPE, PIX), R=NUFFTResponse(u, v, SHAPE, PIX, eps=1e-12))
 
 
 def loss_fn(R, d):
@@ -78,16 +78,19 @@ def test_sampling_dot_with_repeats():
     np.testing.assert_array_equal(Sampling(np.nonzero(mask), shape)(x), Mask(mask)(x))
 
 
-@pytest.mark.parametrize("bad, match", [
-    (lambda: Mask(np.ones((3, 3))), "mask"),
-    (lambda: Mask(np.bool_(True)), "mask"),
-    (lambda: Mask(np.ones((3, 3), bool))(np.ones((3, 4))), "field"),
-    (lambda: Mask(np.ones((3, 3), bool)).adjoint(np.ones(8)), "data"),
-    (lambda: Sampling((np.array([0, 3]),), (3,)), "indices"),
-    (lambda: Sampling((np.array([0]),), (3, 3)), "indices"),
-    (lambda: Sampling((np.array([0.5]),), (3,)), "indices"),
-    (lambda: Sampling((np.array([0]),), (0,)), "shape"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (lambda: Mask(np.ones((3, 3))), "mask"),
+        (lambda: Mask(np.bool_(True)), "mask"),
+        (lambda: Mask(np.ones((3, 3), bool))(np.ones((3, 4))), "field"),
+        (lambda: Mask(np.ones((3, 3), bool)).adjoint(np.ones(8)), "data"),
+        (lambda: Sampling((np.array([0, 3]),), (3,)), "indices"),
+        (lambda: Sampling((np.array([0]),), (3, 3)), "indices"),
+        (lambda: Sampling((np.array([0.5]),), (3,)), "indices"),
+        (lambda: Sampling((np.array([0]),), (0,)), "shape"),
+    ],
+)
 def test_mask_sampling_bad_input(bad, match):
     with pytest.raises(ValueError, match=match):
         bad()
@@ -119,8 +122,8 @@ def test_nufft_adjoint_vs_dense_and_dot_test(setup):
     R, img, d = s["R"], jnp.asarray(s["img"]), jnp.asarray(s["d"])
     dirty = R.adjoint(d)
     assert rel(dirty, np.real(s["A"].conj().T @ s["d"]).reshape(SHAPE)) <= 1e-10
-    lhs = float(jnp.real(jnp.vdot(R(img), d)))      # <R x, y> = Re sum conj(Rx) y
-    rhs = float(jnp.sum(img * dirty))              # <x, R^T y>
+    lhs = float(jnp.real(jnp.vdot(R(img), d)))  # <R x, y> = Re sum conj(Rx) y
+    rhs = float(jnp.sum(img * dirty))  # <x, R^T y>
     assert abs(lhs - rhs) <= 1e-12 * abs(lhs), (lhs, rhs)
 
 
@@ -144,7 +147,10 @@ def test_nufft_gradient_vs_dense_and_finite_differences(setup):
     g = jax.jit(jax.grad(loss))(img)
     g_dense = np.real(A.conj().T @ (A @ s["img"].ravel() - s["d"])).reshape(SHAPE)
     assert rel(g, g_dense) <= 1e-10
-    dense_loss = lambda x: 0.5 * jnp.sum(jnp.abs(jnp.asarray(A) @ x.ravel() - d) ** 2)
+
+    def dense_loss(x):
+        return 0.5 * jnp.sum(jnp.abs(jnp.asarray(A) @ x.ravel() - d) ** 2)
+
     assert rel(g, jax.grad(dense_loss)(img)) <= 1e-10
     rng = np.random.default_rng(4)
     h = 1e-5
@@ -161,7 +167,7 @@ def test_nufft_jvp_vjp_consistency(setup):
     t = jnp.asarray(rng.normal(size=SHAPE))
     w = jnp.asarray(rng.normal(size=M) + 1j * rng.normal(size=M))
     out, jt = jax.jvp(R, (img,), (t,))
-    assert rel(jt, R(t)) <= 1e-13                     # linear: J t = R t
+    assert rel(jt, R(t)) <= 1e-13  # linear: J t = R t
     _, vjp = jax.vjp(R, img)
     (jtw,) = vjp(w)
     # JAX's pairing on complex outputs is Re sum(w * J t) (no conjugate)
@@ -212,26 +218,29 @@ def test_nufft_shard_map_forward_and_gradient(setup, n_dev, check_vma):
     mesh = jax.make_mesh((n_dev,), ("s",), axis_types=(AxisType.Auto,))
     vis_ref, g_ref = R(img), jax.grad(loss_fn(R, d))(img)
 
-    fwd = jax.shard_map(lambda r, x: r(x), mesh=mesh, in_specs=(P("s"), P()),
-                        out_specs=P("s"), check_vma=check_vma)
+    fwd = jax.shard_map(lambda r, x: r(x), mesh=mesh, in_specs=(P("s"), P()), out_specs=P("s"), check_vma=check_vma)
     assert rel(jax.jit(fwd)(R, img), vis_ref) <= 1e-12
 
     def local_loss(r, x, dd):  # visibilities sharded, image replicated
         return jax.lax.psum(loss_fn(r, dd)(x), "s")
 
-    total = jax.shard_map(local_loss, mesh=mesh, in_specs=(P("s"), P(), P("s")),
-                          out_specs=P(), check_vma=check_vma)
+    total = jax.shard_map(local_loss, mesh=mesh, in_specs=(P("s"), P(), P("s")), out_specs=P(), check_vma=check_vma)
     assert abs(jax.jit(total)(R, img, d) - loss_fn(R, d)(img)) <= 1e-12 * abs(loss_fn(R, d)(img))
-    g = jax.jit(jax.grad(total, argnums=1))(R, img, d)       # gradient through shard_map
+    g = jax.jit(jax.grad(total, argnums=1))(R, img, d)  # gradient through shard_map
     assert rel(g, g_ref) <= 1e-12
 
     if check_vma:  # gradient taken inside shard_map w.r.t. the replicated image
-        inner = jax.shard_map(lambda r, x, dd: jax.grad(lambda z: local_loss(r, z, dd))(x),
-                              mesh=mesh, in_specs=(P("s"), P(), P("s")), out_specs=P())
+        inner = jax.shard_map(
+            lambda r, x, dd: jax.grad(lambda z: local_loss(r, z, dd))(x),
+            mesh=mesh,
+            in_specs=(P("s"), P(), P("s")),
+            out_specs=P(),
+        )
         assert rel(jax.jit(inner)(R, img, d), g_ref) <= 1e-12
         # adjoint: per-shard dirty images summed over devices
-        adj = jax.shard_map(lambda r, v: jax.lax.psum(r.adjoint(v), "s"), mesh=mesh,
-                            in_specs=(P("s"), P("s")), out_specs=P())
+        adj = jax.shard_map(
+            lambda r, v: jax.lax.psum(r.adjoint(v), "s"), mesh=mesh, in_specs=(P("s"), P("s")), out_specs=P()
+        )
         assert rel(jax.jit(adj)(R, d), R.adjoint(d)) <= 1e-12
 
 
@@ -242,21 +251,24 @@ def test_match_vma_is_identity_outside_shard_map():
 
 
 # ----------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("kwargs, exc, match", [
-    (dict(u=np.ones(4), v=np.ones(5)), ValueError, "u and v"),
-    (dict(u=np.ones((2, 2)), v=np.ones((2, 2))), ValueError, "u must be 1-D"),
-    (dict(u=np.ones(4) + 1j, v=np.ones(4)), TypeError, "u must be a real"),
-    (dict(u=np.array([1.0, np.nan]), v=np.ones(2)), ValueError, "finite"),
-    (dict(eps=0.0), ValueError, "eps"),
-    (dict(eps=-1e-6), ValueError, "eps"),
-    (dict(eps=1.0), ValueError, "eps"),
-    (dict(eps="1e-6"), TypeError, "eps"),
-    (dict(dtype=np.int32), TypeError, "dtype"),
-    (dict(pixel_size=0.0), ValueError, "pixel_size"),
-    (dict(pixel_size=(1e-5, 1e-5, 1e-5)), ValueError, "pixel_size"),
-    (dict(image_shape=(4,)), ValueError, "image_shape"),
-    (dict(image_shape=(4, 0)), ValueError, "image_shape"),
-])
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        (dict(u=np.ones(4), v=np.ones(5)), ValueError, "u and v"),
+        (dict(u=np.ones((2, 2)), v=np.ones((2, 2))), ValueError, "u must be 1-D"),
+        (dict(u=np.ones(4) + 1j, v=np.ones(4)), TypeError, "u must be a real"),
+        (dict(u=np.array([1.0, np.nan]), v=np.ones(2)), ValueError, "finite"),
+        (dict(eps=0.0), ValueError, "eps"),
+        (dict(eps=-1e-6), ValueError, "eps"),
+        (dict(eps=1.0), ValueError, "eps"),
+        (dict(eps="1e-6"), TypeError, "eps"),
+        (dict(dtype=np.int32), TypeError, "dtype"),
+        (dict(pixel_size=0.0), ValueError, "pixel_size"),
+        (dict(pixel_size=(1e-5, 1e-5, 1e-5)), ValueError, "pixel_size"),
+        (dict(image_shape=(4,)), ValueError, "image_shape"),
+        (dict(image_shape=(4, 0)), ValueError, "image_shape"),
+    ],
+)
 def test_nufft_response_bad_construction(kwargs, exc, match):
     args = dict(u=np.ones(4), v=np.ones(4), image_shape=(4, 4), pixel_size=1e-5)
     args.update(kwargs)

@@ -6,6 +6,7 @@ gradient fallback or by backtracking must not pass for convergence. Non-positive
 that must be positive definite raises (naming stage and iteration); unconverged sample solves are
 recorded per sample in the iteration report and logged.
 """
+
 import json
 import logging
 import re
@@ -23,6 +24,7 @@ from shardvi.parallel.strategy import get_strategy
 from shardvi.vi.diagnostics import IterationReport
 from shardvi.vi.kl import kl_metric, kl_value_and_grad
 from shardvi.vi.optimize_kl import DEFAULT_KL_MINIMIZATION, DEFAULT_LINEAR_SAMPLING, DEFAULT_NONLINEAR_UPDATE
+
 
 def lognormal(n, noise, seed, amp=1.0):
     """``d = exp(amp xi_true) + noise``: the likelihood on the latent space and ``xi_true``."""
@@ -61,8 +63,13 @@ def test_geovi_update_with_default_config_reaches_the_tight_root():
     r_lin, r, status, y = jax.jit(jax.vmap(solve))(keys, signs)
     fun, jac = jax.jit(delta), jax.jit(jax.jacfwd(delta))
     for i, yi in enumerate(y):
-        root = so.root(lambda v, yi=yi: np.asarray(fun(jnp.asarray(v), yi)), np.asarray(r_lin[i]),
-                       jac=lambda v, yi=yi: np.asarray(jac(jnp.asarray(v), yi)), method="hybr", tol=1e-13)
+        root = so.root(
+            lambda v, yi=yi: np.asarray(fun(jnp.asarray(v), yi)),
+            np.asarray(r_lin[i]),
+            jac=lambda v, yi=yi: np.asarray(jac(jnp.asarray(v), yi)),
+            method="hybr",
+            tol=1e-13,
+        )
         assert np.max(np.abs(root.fun)) < 1e-9 * np.max(np.abs(yi)), root.message
         if int(status[i]) == Status.CONVERGED:  # CONVERGED means: at the root
             np.testing.assert_allclose(np.asarray(r[i]), root.x, rtol=0, atol=1e-6)
@@ -78,8 +85,15 @@ def test_kl_minimization_with_default_config_reaches_the_tight_minimum(caplog):
     caplog.set_level(logging.WARNING, logger="shardvi")
     n = 16
     lh, _ = lognormal(n, 0.03, 2)
-    smp, state = sv.optimize_kl(lh, jnp.zeros(n), key=jax.random.PRNGKey(2), n_total_iterations=2, n_samples=2,
-                                sample_mode="linear_resample", progress=False)
+    smp, state = sv.optimize_kl(
+        lh,
+        jnp.zeros(n),
+        key=jax.random.PRNGKey(2),
+        n_total_iterations=2,
+        n_samples=2,
+        sample_mode="linear_resample",
+        progress=False,
+    )
     report = state.history[-1]
     assert report.kl_status == Status.CONVERGED, status_message(report.kl_status)
     # every sampling CG converged: recorded per sample, nothing logged
@@ -87,9 +101,12 @@ def test_kl_minimization_with_default_config_reaches_the_tight_minimum(caplog):
     assert _warnings(caplog) == []
     strategy = get_strategy("vmap", "kl_map", None)
     res_ = smp.residuals
-    tight = newton_cg(lambda x: kl_value_and_grad(lh, x, res_, strategy),
-                      lambda x, t: kl_metric(lh, x, res_, t, strategy), smp.pos,
-                      NewtonCGConfig(xtol=1e-13, gtol=1e-11, maxiter=200, cg=CGConfig(tol=1e-12, maxiter=1000)))
+    tight = newton_cg(
+        lambda x: kl_value_and_grad(lh, x, res_, strategy),
+        lambda x, t: kl_metric(lh, x, res_, t, strategy),
+        smp.pos,
+        NewtonCGConfig(xtol=1e-13, gtol=1e-11, maxiter=200, cg=CGConfig(tol=1e-12, maxiter=1000)),
+    )
     assert int(tight.status) == Status.CONVERGED
     # mean |x - x*| <= xtol bounds the largest entry by n * xtol
     assert float(jnp.max(jnp.abs(smp.pos - tight.x))) <= n * DEFAULT_KL_MINIMIZATION.xtol
@@ -101,20 +118,31 @@ def rosen(x):
 
 
 ROSEN_FG = jax.value_and_grad(rosen)
-newton_rosen = jax.jit(lambda x0, cfg: newton_cg(ROSEN_FG, lambda x, v: jax.jvp(jax.grad(rosen), (x,), (v,))[1],
-                                                 x0, cfg), static_argnums=1)
+newton_rosen = jax.jit(
+    lambda x0, cfg: newton_cg(ROSEN_FG, lambda x, v: jax.jvp(jax.grad(rosen), (x,), (v,))[1], x0, cfg), static_argnums=1
+)
 
 
-@pytest.mark.parametrize("config,x0", [
-    (DEFAULT_KL_MINIMIZATION, [1.3, 0.7, 0.8, 1.9, 1.2]),   # old: CONVERGED 6.9e-5 from the minimum
-    (NewtonCGConfig(), [0.0, 0.0, 0.0, 0.0, 0.0]),           # old: CONVERGED 2.8e-7 from it (xtol 1e-8)
-], ids=["engine-KL-default", "NewtonCGConfig()"])
+@pytest.mark.parametrize(
+    "config,x0",
+    [
+        (DEFAULT_KL_MINIMIZATION, [1.3, 0.7, 0.8, 1.9, 1.2]),  # old: CONVERGED 6.9e-5 from the minimum
+        (NewtonCGConfig(), [0.0, 0.0, 0.0, 0.0, 0.0]),  # old: CONVERGED 2.8e-7 from it (xtol 1e-8)
+    ],
+    ids=["engine-KL-default", "NewtonCGConfig()"],
+)
 def test_newton_cg_default_config_rosenbrock_matches_scipy(config, x0):
     x0 = np.asarray(x0)
     res = newton_rosen(jnp.asarray(x0), config)
     assert int(res.status) == Status.CONVERGED, status_message(res.status)
-    sp = so.minimize(so.rosen, x0, jac=so.rosen_der, hessp=so.rosen_hess_prod, method="Newton-CG",
-                     options=dict(xtol=1e-12, maxiter=1000))
+    sp = so.minimize(
+        so.rosen,
+        x0,
+        jac=so.rosen_der,
+        hessp=so.rosen_hess_prod,
+        method="Newton-CG",
+        options=dict(xtol=1e-12, maxiter=1000),
+    )
     assert sp.success
     np.testing.assert_allclose(sp.x, np.ones(5), atol=1e-6)
     np.testing.assert_allclose(np.asarray(res.x), np.ones(5), rtol=0, atol=config.xtol)
@@ -146,6 +174,7 @@ def test_newton_cg_default_config_float32_pytree_quadratic():
             x = flat(p)
             ax = a @ x
             return 0.5 * x @ ax - b @ x, unflat(ax - b)
+
         return newton_cg(fg, lambda p, t: unflat(a @ flat(t)), unflat(jnp.zeros(n, jnp.float32)))
 
     for seed in range(5):
@@ -171,7 +200,7 @@ def test_newton_step_cut_short_by_the_inner_cg_is_not_convergence():
     x0 = jnp.array([1e-9, 1e-3])
     cfg = NewtonCGConfig(maxiter=5, cg=CGConfig(tol=0.5, maxiter=1))
     res = newton_cg(fg, lambda x, v: h * v, x0, cfg)
-    assert int(res.status) == Status.MAX_ITERATIONS, status_message(res.status)   # old: CONVERGED at nit 1
+    assert int(res.status) == Status.MAX_ITERATIONS, status_message(res.status)  # old: CONVERGED at nit 1
     # with the curvature floor of a metric (H >= I), the unsolved CG residual bounds the Newton step: same answer
     floor = newton_cg(fg, lambda x, v: h * v, x0, cfg, min_curvature=1.0)
     assert int(floor.status) == Status.MAX_ITERATIONS
@@ -210,10 +239,10 @@ def test_cg_min_curvature_floor():
     rng = np.random.default_rng(0)
     j = rng.normal(size=(6, 6)) * 0.3
     b = jnp.asarray(rng.normal(size=6))
-    broken = jnp.asarray(np.eye(6) - j.T @ j)          # I + J^T F J with F = -I: still PD here
+    broken = jnp.asarray(np.eye(6) - j.T @ j)  # I + J^T F J with F = -I: still PD here
     assert np.all(np.linalg.eigvalsh(np.asarray(broken)) > 0)
     plain = cg_solve(lambda v: broken @ v, b, tol=1e-12, maxiter=100)
-    assert int(plain.status) == Status.CONVERGED        # positive definite: plain CG cannot tell
+    assert int(plain.status) == Status.CONVERGED  # positive definite: plain CG cannot tell
     floor = cg_solve(lambda v: broken @ v, b, tol=1e-12, maxiter=100, min_curvature=1.0)
     assert int(floor.status) == Status.NONPOSITIVE_CURVATURE and int(floor.nit) == 1
     good = jnp.asarray(np.eye(6) + j.T @ j)
@@ -225,6 +254,7 @@ def test_cg_min_curvature_floor():
 
 def test_newton_cg_metric_with_nonpositive_curvature_stops():
     """A declared metric (``min_curvature``) that is not PD stops at once, at the starting point."""
+
     def fg(x):
         return 0.5 * jnp.sum(x**2), x
 
@@ -256,17 +286,30 @@ def broken_noise_likelihood(scale):
     return sv.Gaussian(rng.normal(size=n), noise_cov_inv=lambda v: -v, noise_std_inv=lambda v: v).amend(model), n
 
 
-@pytest.mark.parametrize("scale,n_samples,stage", [
-    (2.0, 2, "sampling (MGVI linear CG)"),
-    (0.1, 2, "sampling (MGVI linear CG)"),   # weak data: M = I - J^T J is still PD, but below its floor I
-    (2.0, 0, "KL minimization"),             # MAP: no sampling, the KL Newton-CG meets it
-])
+@pytest.mark.parametrize(
+    "scale,n_samples,stage",
+    [
+        (2.0, 2, "sampling (MGVI linear CG)"),
+        (0.1, 2, "sampling (MGVI linear CG)"),  # weak data: M = I - J^T J is still PD, but below its floor I
+        (2.0, 0, "KL minimization"),  # MAP: no sampling, the KL Newton-CG meets it
+    ],
+)
 def test_non_positive_definite_noise_raises_naming_stage_and_iteration(scale, n_samples, stage):
     lh, n = broken_noise_likelihood(scale)
-    with pytest.raises(sv.NonPositiveCurvatureError, match=rf"non-positive curvature in {re.escape(stage)} at "
-                       r"iteration 0.*noise_cov_inv") as info:
-        sv.optimize_kl(lh, jnp.zeros(n), key=jax.random.PRNGKey(0), n_total_iterations=2, n_samples=n_samples,
-                       sample_mode="linear_resample", progress=False)
+    with pytest.raises(
+        sv.NonPositiveCurvatureError,
+        match=rf"non-positive curvature in {re.escape(stage)} at "
+        r"iteration 0.*noise_cov_inv",
+    ) as info:
+        sv.optimize_kl(
+            lh,
+            jnp.zeros(n),
+            key=jax.random.PRNGKey(0),
+            n_total_iterations=2,
+            n_samples=n_samples,
+            sample_mode="linear_resample",
+            progress=False,
+        )
     assert info.value.iteration == 0 and info.value.stage == stage
     assert isinstance(info.value, ValueError)
     if n_samples:
@@ -280,49 +323,85 @@ def _warnings(caplog):
 def test_unconverged_sample_solves_are_recorded_and_logged(caplog):
     caplog.set_level(logging.WARNING, logger="shardvi")
     lh, xi_true = lognormal(16, 0.1, 1)
-    _, state = sv.optimize_kl(lh, jnp.asarray(xi_true), key=jax.random.PRNGKey(1), n_total_iterations=2, n_samples=2,
-                              sample_mode=lambda i: "linear_resample" if i == 0 else "nonlinear_resample",
-                              linear_sampling=CGConfig(tol=1e-12, maxiter=2),
-                              nonlinear_update=NewtonCGConfig(maxiter=1), progress=False)
+    _, state = sv.optimize_kl(
+        lh,
+        jnp.asarray(xi_true),
+        key=jax.random.PRNGKey(1),
+        n_total_iterations=2,
+        n_samples=2,
+        sample_mode=lambda i: "linear_resample" if i == 0 else "nonlinear_resample",
+        linear_sampling=CGConfig(tol=1e-12, maxiter=2),
+        nonlinear_update=NewtonCGConfig(maxiter=1),
+        progress=False,
+    )
     first, second = state.history
     assert first.sampling_status == [Status.MAX_ITERATIONS] * 2 and first.nonlinear_status == []
     assert second.sampling_status == [Status.MAX_ITERATIONS] * 2
-    assert second.nonlinear_status == [Status.MAX_ITERATIONS] * 4   # one per sample of the antithetic pairs
+    assert second.nonlinear_status == [Status.MAX_ITERATIONS] * 4  # one per sample of the antithetic pairs
     msgs = _warnings(caplog)
     # numbered like the iteration's log line ("iteration 1/2 [...]")
-    assert any(m.startswith("sampling (MGVI linear CG) at iteration 1/2: 2 of 2 sample solves did not converge")
-               and "maxiter" in m and "linear_sampling" in m for m in msgs), msgs
-    assert any(m.startswith("sampling (geoVI update) at iteration 2/2: 4 of 4") and "nonlinear_update" in m
-               for m in msgs), msgs
+    assert any(
+        m.startswith("sampling (MGVI linear CG) at iteration 1/2: 2 of 2 sample solves did not converge")
+        and "maxiter" in m
+        and "linear_sampling" in m
+        for m in msgs
+    ), msgs
+    assert any(
+        m.startswith("sampling (geoVI update) at iteration 2/2: 4 of 4") and "nonlinear_update" in m for m in msgs
+    ), msgs
     # JSON-serializable (checkpoint metadata) and the iteration line counts them
     assert json.loads(json.dumps(second._asdict()))["nonlinear_status"] == [1, 1, 1, 1]
     from shardvi.vi.optimize_kl import _format_report
+
     assert "(2 unconverged)" in _format_report(second, 2) and "(4 unconverged)" in _format_report(second, 2)
 
 
 def test_iteration_report_of_an_older_checkpoint_loads():
     """Histories written before the per-sample statuses existed still load (``IterationReport(**old)``)."""
-    old = dict(iteration=1, sample_mode="linear_resample", n_samples=2, kl_energy=1.0, sampling_nit=[3, 4],
-               nonlinear_nit=[], kl_nit=2, kl_cg_nit=5, kl_status=0, chi2_likelihood=1.0, chi2_prior=1.0,
-               wall_time=0.1)
+    old = dict(
+        iteration=1,
+        sample_mode="linear_resample",
+        n_samples=2,
+        kl_energy=1.0,
+        sampling_nit=[3, 4],
+        nonlinear_nit=[],
+        kl_nit=2,
+        kl_cg_nit=5,
+        kl_status=0,
+        chi2_likelihood=1.0,
+        chi2_prior=1.0,
+        wall_time=0.1,
+    )
     rep = IterationReport(**old)
     assert rep.sampling_status is None and rep.nonlinear_status is None
     from shardvi.vi.optimize_kl import _format_report
+
     assert "unconverged" not in _format_report(rep, 1)
 
 
 def test_sample_status_raises_or_warns_per_stage(caplog):
     """Sampling CG (metric >= I): non-positive curvature raises; geoVI: every unconverged solve is a warning."""
     from shardvi.vi.optimize_kl import _sample_status
+
     caplog.set_level(logging.WARNING, logger="shardvi")
     codes = np.array([0, 1, 0, 2, 4], np.int32)
-    with pytest.raises(sv.NonPositiveCurvatureError, match=r"sampling \(MGVI linear CG\) at iteration 3 "
-                                                           r"\(sample solves \[3\]\)") as info:
+    with pytest.raises(
+        sv.NonPositiveCurvatureError,
+        match=r"sampling \(MGVI linear CG\) at iteration 3 "
+        r"\(sample solves \[3\]\)",
+    ) as info:
         _sample_status(codes, 3, 5, "sampling (MGVI linear CG)", "linear_sampling", metric_must_be_pd=True)
     assert info.value.samples == [3] and info.value.iteration == 3
-    assert _sample_status(codes, 3, 5, "sampling (geoVI update)", "nonlinear_update",
-                          metric_must_be_pd=False) == [0, 1, 0, 2, 4]
+    assert _sample_status(codes, 3, 5, "sampling (geoVI update)", "nonlinear_update", metric_must_be_pd=False) == [
+        0,
+        1,
+        0,
+        2,
+        4,
+    ]
     (msg,) = _warnings(caplog)
-    assert msg == ("sampling (geoVI update) at iteration 4/5: 3 of 5 sample solves did not converge (1 at maxiter "
-                   "(samples [1]), 1 at non-positive curvature (samples [3]), 1 at a failed line search "
-                   "(samples [4])); see nonlinear_update")
+    assert msg == (
+        "sampling (geoVI update) at iteration 4/5: 3 of 5 sample solves did not converge (1 at maxiter "
+        "(samples [1]), 1 at non-positive curvature (samples [3]), 1 at a failed line search "
+        "(samples [4])); see nonlinear_update"
+    )

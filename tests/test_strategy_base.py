@@ -3,6 +3,7 @@
 A new strategy is one class with one method (``map``); the registry feeds
 ``get_strategy`` (``sample_map="name"``), the CLI and the demos.
 """
+
 import dataclasses
 import os
 import re
@@ -36,6 +37,7 @@ class Reversed(Strategy):
         def mapped(*args):
             flipped = tuple(jax.tree.map(lambda x: x[::-1], a) if ax == 0 else a for a, ax in zip(args, in_axes))
             return jax.tree.map(lambda y: y[::-1], chunked_apply(fn, in_axes, flipped, 1))
+
         return mapped
 
 
@@ -55,9 +57,17 @@ def _linear_problem():
 
 def _run(strategy):
     samples, state = sv.optimize_kl(
-        _linear_problem(), jnp.zeros(N), key=jax.random.PRNGKey(3), n_total_iterations=2, n_samples=3,
-        sample_mode="linear_resample", sample_map=strategy, kl_map=strategy,
-        linear_sampling=sv.CGConfig(tol=1e-10, maxiter=50), kl_minimization=sv.NewtonCGConfig(xtol=1e-10, maxiter=5))
+        _linear_problem(),
+        jnp.zeros(N),
+        key=jax.random.PRNGKey(3),
+        n_total_iterations=2,
+        n_samples=3,
+        sample_mode="linear_resample",
+        sample_map=strategy,
+        kl_map=strategy,
+        linear_sampling=sv.CGConfig(tol=1e-10, maxiter=50),
+        kl_minimization=sv.NewtonCGConfig(xtol=1e-10, maxiter=5),
+    )
     return np.asarray(samples.pos), np.asarray(samples.residuals), [r.kl_energy for r in state.history]
 
 
@@ -86,6 +96,7 @@ def test_the_base_requires_map_and_supplies_the_rest():
 
 def test_psum_mode_uses_the_fast_hook_only():
     """``map_mean`` is ``mean(map)`` for reduce="fixed"; reduce="psum" goes through ``fast_map_mean``."""
+
     @dataclasses.dataclass(frozen=True)
     class Hooked(Reversed):
         reduce: str = "fixed"
@@ -150,6 +161,7 @@ def test_cli_help_names_only_registered_strategies(capsys):
 
 def test_duck_typed_strategies_are_adapted():
     """An object with ``name``/``map``/``mean`` that does not subclass Strategy still works (probed, adapted)."""
+
     class Duck:
         name = "duck"
 

@@ -1,4 +1,5 @@
 """Wiener-filter oracle: linear Gaussian model, closed-form posterior."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,11 +15,10 @@ N_LAT, N_DATA, NOISE = 12, 9, 0.3
 def problem():
     rng = np.random.default_rng(7)
     R = rng.normal(size=(N_DATA, N_LAT))
-    L = np.tril(rng.normal(size=(N_LAT, N_LAT))) * 0.4 + np.eye(N_LAT)   # prior S = L L^T
+    L = np.tril(rng.normal(size=(N_LAT, N_LAT))) * 0.4 + np.eye(N_LAT)  # prior S = L L^T
     xi_true = rng.normal(size=N_LAT)
     d = R @ L @ xi_true + NOISE * rng.normal(size=N_DATA)
-    model = sv.Model(lambda xi: jnp.asarray(R) @ (jnp.asarray(L) @ xi),
-                     jax.ShapeDtypeStruct((N_LAT,), jnp.float64))
+    model = sv.Model(lambda xi: jnp.asarray(R) @ (jnp.asarray(L) @ xi), jax.ShapeDtypeStruct((N_LAT,), jnp.float64))
     lh = sv.Gaussian(d, noise_std=NOISE).amend(model)
     M = L.T @ R.T @ R @ L / NOISE**2
     post_cov = np.linalg.inv(np.eye(N_LAT) + M)
@@ -33,9 +33,16 @@ TIGHT_KL = sv.NewtonCGConfig(xtol=1e-14, maxiter=20, cg=sv.CGConfig(tol=1e-13, m
 def test_kl_minimum_is_posterior_mean(problem, mode):
     lh, post_mean, _ = problem
     samples, state = sv.optimize_kl(
-        lh, jnp.zeros(N_LAT), key=jax.random.PRNGKey(1), n_total_iterations=2, n_samples=3, sample_mode=mode,
-        linear_sampling=sv.CGConfig(tol=1e-13, maxiter=200), nonlinear_update=sv.NewtonCGConfig(xtol=1e-14),
-        kl_minimization=TIGHT_KL)
+        lh,
+        jnp.zeros(N_LAT),
+        key=jax.random.PRNGKey(1),
+        n_total_iterations=2,
+        n_samples=3,
+        sample_mode=mode,
+        linear_sampling=sv.CGConfig(tol=1e-13, maxiter=200),
+        nonlinear_update=sv.NewtonCGConfig(xtol=1e-14),
+        kl_minimization=TIGHT_KL,
+    )
     assert np.max(np.abs(np.asarray(samples.pos) - post_mean)) <= 1e-8
     assert len(samples) == 6 and state.nit == 2
     # antithetic pairs: residuals come as +r, -r (geoVI curves each one separately: equal to round-off)
@@ -48,8 +55,15 @@ def test_kl_minimum_is_posterior_mean(problem, mode):
 
 def test_map_is_posterior_mean(problem):
     lh, post_mean, _ = problem
-    samples, _ = sv.optimize_kl(lh, jnp.zeros(N_LAT), key=jax.random.PRNGKey(0), n_total_iterations=1, n_samples=0,
-                                sample_mode="linear_resample", kl_minimization=TIGHT_KL)
+    samples, _ = sv.optimize_kl(
+        lh,
+        jnp.zeros(N_LAT),
+        key=jax.random.PRNGKey(0),
+        n_total_iterations=1,
+        n_samples=0,
+        sample_mode="linear_resample",
+        kl_minimization=TIGHT_KL,
+    )
     assert len(samples) == 0
     assert np.max(np.abs(np.asarray(samples.pos) - post_mean)) <= 1e-8
 
@@ -71,10 +85,11 @@ def test_linear_sample_covariance(problem):
     lh, post_mean, post_cov = problem
     n = 4000
     keys = jax.random.split(jax.random.PRNGKey(11), n)
-    draw = jax.jit(jax.vmap(lambda k: sv.draw_linear_residual(lh, jnp.asarray(post_mean), k,
-                                                              sv.CGConfig(tol=1e-12))[0]))
+    draw = jax.jit(
+        jax.vmap(lambda k: sv.draw_linear_residual(lh, jnp.asarray(post_mean), k, sv.CGConfig(tol=1e-12))[0])
+    )
     r = np.asarray(draw(keys))
-    emp = r.T @ r / n                                  # the residual mean is exactly zero
+    emp = r.T @ r / n  # the residual mean is exactly zero
     # standard error of each entry of a Wishart estimate: sqrt((C_ii C_jj + C_ij^2) / n)
     se = np.sqrt((np.outer(np.diag(post_cov), np.diag(post_cov)) + post_cov**2) / n)
     z = np.abs(emp - post_cov) / se
@@ -116,17 +131,25 @@ def test_linear_sample_cg_starts_at_prior_part():
 def test_compiler_options_reach_the_engine_steps(problem, monkeypatch):
     """``compiler_options`` are merged over the defaults for every compiled step; the posterior stays exact."""
     import importlib
+
     okl = importlib.import_module("shardvi.vi.optimize_kl")  # the module (shardvi.vi re-exports the function)
     seen = []
 
     def recording_jit(fn, **kw):
         seen.append(dict(kw.get("compiler_options") or {}))
         return sv.parallel.reproducible_jit(fn, **kw)
+
     monkeypatch.setattr(okl, "reproducible_jit", recording_jit)
     lh, post_mean, _ = problem
-    kw = dict(key=jax.random.PRNGKey(3), n_total_iterations=1, n_samples=2, sample_mode="nonlinear_resample",
-              linear_sampling=sv.CGConfig(tol=1e-13, maxiter=200), nonlinear_update=sv.NewtonCGConfig(xtol=1e-14),
-              kl_minimization=TIGHT_KL)
+    kw = dict(
+        key=jax.random.PRNGKey(3),
+        n_total_iterations=1,
+        n_samples=2,
+        sample_mode="nonlinear_resample",
+        linear_sampling=sv.CGConfig(tol=1e-13, maxiter=200),
+        nonlinear_update=sv.NewtonCGConfig(xtol=1e-14),
+        kl_minimization=TIGHT_KL,
+    )
     fused, _ = sv.optimize_kl(lh, jnp.zeros(N_LAT), compiler_options={"xla_cpu_use_fusion_emitters": True}, **kw)
     assert seen == [{"xla_cpu_use_fusion_emitters": True}] * 3  # draw_linear, curve, minimize
     assert dict(sv.parallel.REPRODUCIBLE_COMPILER_OPTIONS)["xla_cpu_use_fusion_emitters"] is False

@@ -1,4 +1,5 @@
 """Jittable solvers: conjugate gradient, Newton-CG, optax adapter; the :class:`Minimizer` base and result types."""
+
 from .cg import CGConfig, conjugate_gradient
 from .minimizer import Minimizer, check_minimizer
 from .newton_cg import NewtonCGConfig, newton_cg
@@ -7,7 +8,18 @@ from .solution import CGResult, OptimizeResult, Solution, SolverError
 from .status import Status, status_message
 
 __all__ = [
-    "CGConfig", "CGResult", "Minimizer", "NewtonCGConfig", "OptaxConfig", "OptimizeResult", "Solution",
-    "SolverError", "Status", "check_minimizer", "conjugate_gradient", "newton_cg", "optax_minimize",
+    "CGConfig",
+    "CGResult",
+    "Minimizer",
+    "NewtonCGConfig",
+    "OptaxConfig",
+    "OptimizeResult",
+    "Solution",
+    "SolverError",
+    "Status",
+    "check_minimizer",
+    "conjugate_gradient",
+    "newton_cg",
+    "optax_minimize",
     "status_message",
 ]

@@ -1,4 +1,5 @@
 """Checks shared by the solver configurations (they run once, at construction)."""
+
 from __future__ import annotations
 
 import math

@@ -1,8 +1,10 @@
 """Matrix-free conjugate gradient on pytrees (jittable, vmappable)."""
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,12 +43,12 @@ class CGConfig:
         When set, every iteration is logged through ``logging`` under this name.
     """
 
-    tol: Optional[float] = 1e-6
-    resnorm: Optional[float] = None
-    absdelta: Optional[float] = None
+    tol: float | None = 1e-6
+    resnorm: float | None = None
+    absdelta: float | None = None
     miniter: int = 0
     maxiter: int = 1000
-    name: Optional[str] = None
+    name: str | None = None
 
     def __post_init__(self):
         for f in ("tol", "resnorm", "absdelta"):
@@ -69,9 +71,20 @@ def _tol(v):
     return _OFF if v is None else v
 
 
-def cg_solve(matvec: Callable, b, x0=None, *, tol=1e-6, resnorm=None, absdelta=None,
-             miniter: int = 0, maxiter: int = 1000, name=None, min_curvature=None,
-             absdelta_miniter: int = 0) -> CGResult:
+def cg_solve(
+    matvec: Callable,
+    b,
+    x0=None,
+    *,
+    tol: float | jax.Array | None = 1e-6,
+    resnorm=None,
+    absdelta=None,
+    miniter: int = 0,
+    maxiter: int = 1000,
+    name=None,
+    min_curvature=None,
+    absdelta_miniter: int = 0,
+) -> CGResult:
     """CG with tolerances that may be traced values (used by Newton-CG).
 
     Same semantics as :func:`conjugate_gradient`; ``None`` disables a criterion.
@@ -108,7 +121,8 @@ def cg_solve(matvec: Callable, b, x0=None, *, tol=1e-6, resnorm=None, absdelta=N
 
     # an exactly zero residual is the exact solution: nothing left to iterate, whatever miniter says
     status0 = jnp.where(
-        ~jnp.isfinite(gamma), Status.NONFINITE,
+        ~jnp.isfinite(gamma),
+        Status.NONFINITE,
         jnp.where(((miniter == 0) & small(gamma)) | (gamma == 0), Status.CONVERGED, Status.RUNNING),
     ).astype(jnp.int32)
     state = _State(x, r, r, gamma, energy, jnp.zeros((), jnp.int32), status0)
@@ -138,8 +152,7 @@ def cg_solve(matvec: Callable, b, x0=None, *, tol=1e-6, resnorm=None, absdelta=N
         done = ((nit >= miniter) & (small(gamma) | stalled)) | (gamma == 0)
         status = jnp.select(
             [~jnp.isfinite(curv), ~ok, ~jnp.isfinite(gamma) | ~jnp.isfinite(energy), done, nit >= maxiter],
-            [Status.NONFINITE, Status.NONPOSITIVE_CURVATURE, Status.NONFINITE, Status.CONVERGED,
-             Status.MAX_ITERATIONS],
+            [Status.NONFINITE, Status.NONPOSITIVE_CURVATURE, Status.NONFINITE, Status.CONVERGED, Status.MAX_ITERATIONS],
             Status.RUNNING,
         ).astype(jnp.int32)
         # on non-positive curvature keep the previous iterate
@@ -183,5 +196,14 @@ def conjugate_gradient(matvec: Callable, b, x0=None, config: CGConfig = CGConfig
         raise TypeError(f"config must be a CGConfig, got {type(config).__name__}")
     if not callable(matvec):
         raise TypeError(f"matvec must be callable, got {type(matvec).__name__}")
-    return cg_solve(matvec, b, x0, tol=config.tol, resnorm=config.resnorm, absdelta=config.absdelta,
-                    miniter=config.miniter, maxiter=config.maxiter, name=config.name)
+    return cg_solve(
+        matvec,
+        b,
+        x0,
+        tol=config.tol,
+        resnorm=config.resnorm,
+        absdelta=config.absdelta,
+        miniter=config.miniter,
+        maxiter=config.maxiter,
+        name=config.name,
+    )

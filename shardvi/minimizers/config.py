@@ -5,6 +5,7 @@
 per algorithm; this module keeps ``from shardvi.minimizers.config import ...``
 working.
 """
+
 from __future__ import annotations
 
 from .cg import CGConfig

@@ -1,8 +1,9 @@
 """The extension point for KL minimization: :class:`Minimizer`."""
+
 from __future__ import annotations
 
 import abc
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from .solution import Solution
 
@@ -53,8 +54,7 @@ class Minimizer(abc.ABC):
     __slots__ = ()
 
     @abc.abstractmethod
-    def minimize(self, fun_and_grad: Callable, hessp: Callable, x0, *,
-                 min_curvature: Optional[float] = None) -> Solution:
+    def minimize(self, fun_and_grad: Callable, hessp: Callable, x0, *, min_curvature: float | None = None) -> Solution:
         """Minimize ``f`` from ``x0``.
 
         Parameters
@@ -77,7 +77,7 @@ class Minimizer(abc.ABC):
         Solution
         """
 
-    def check(self, params, argname: str = "minimizer") -> None:
+    def check(self, params, argname: str = "minimizer") -> None:  # noqa: B027 -- optional hook, default no-op
         """Validate against the parameters before anything is compiled (default: nothing to check).
 
         ``params`` holds arrays or ``jax.ShapeDtypeStruct``\\ s shaped like the
@@ -91,13 +91,16 @@ def check_minimizer(value, argname: str, params=None) -> Minimizer:
     Returns ``value``. Raises ``TypeError`` naming ``argname`` otherwise.
     """
     if not isinstance(value, Minimizer):
-        raise TypeError(f"{argname} must be a shardvi.minimizers.Minimizer (e.g. NewtonCGConfig(...), "
-                        f"OptaxConfig(...)), got {type(value).__name__}")
+        raise TypeError(
+            f"{argname} must be a shardvi.minimizers.Minimizer (e.g. NewtonCGConfig(...), "
+            f"OptaxConfig(...)), got {type(value).__name__}"
+        )
     try:
         hash(value)
     except TypeError as err:
-        raise TypeError(f"{argname} must be hashable (it is a static argument of the compiled step; use a "
-                        f"frozen dataclass): {err}") from None
+        raise TypeError(
+            f"{argname} must be hashable (it is a static argument of the compiled step; use a frozen dataclass): {err}"
+        ) from None
     if params is not None:
         value.check(params, argname)
     return value

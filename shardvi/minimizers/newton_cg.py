@@ -1,8 +1,10 @@
 """Newton-CG with a backtracking (Armijo) line search, one jittable loop."""
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -58,15 +60,15 @@ class NewtonCGConfig(Minimizer):
         When set, every iteration is logged through ``logging`` under this name.
     """
 
-    absdelta: Optional[float] = None
-    xtol: Optional[float] = 1e-8
-    gtol: Optional[float] = None
+    absdelta: float | None = None
+    xtol: float | None = 1e-8
+    gtol: float | None = None
     miniter: int = 0
     maxiter: int = 50
     cg: CGConfig = dataclasses.field(default_factory=lambda: CGConfig(tol=0.5, maxiter=500))
-    energy_reduction_factor: Optional[float] = None
+    energy_reduction_factor: float | None = None
     max_line_search_steps: int = 30
-    name: Optional[str] = None
+    name: str | None = None
 
     def __post_init__(self):
         for f in ("absdelta", "xtol", "gtol"):
@@ -77,14 +79,17 @@ class NewtonCGConfig(Minimizer):
         check_tol("NewtonCGConfig", "energy_reduction_factor", self.energy_reduction_factor, upper=1.0)
         if self.energy_reduction_factor == 0:
             raise ValueError("NewtonCGConfig.energy_reduction_factor must be in (0, 1], got 0")
-        if isinstance(self.max_line_search_steps, bool) or not isinstance(self.max_line_search_steps, int) \
-                or self.max_line_search_steps < 1:
-            raise ValueError("NewtonCGConfig.max_line_search_steps must be an int >= 1, "
-                             f"got {self.max_line_search_steps!r}")
+        if (
+            isinstance(self.max_line_search_steps, bool)
+            or not isinstance(self.max_line_search_steps, int)
+            or self.max_line_search_steps < 1
+        ):
+            raise ValueError(
+                f"NewtonCGConfig.max_line_search_steps must be an int >= 1, got {self.max_line_search_steps!r}"
+            )
         check_name("NewtonCGConfig", self.name)
 
-    def minimize(self, fun_and_grad: Callable, hessp: Callable, x0, *,
-                 min_curvature: Optional[float] = None) -> Solution:
+    def minimize(self, fun_and_grad: Callable, hessp: Callable, x0, *, min_curvature: float | None = None) -> Solution:
         """:func:`newton_cg` with this configuration (see :meth:`Minimizer.minimize`)."""
         return newton_cg(fun_and_grad, hessp, x0, self, min_curvature=min_curvature)
 
@@ -100,9 +105,16 @@ class _State(NamedTuple):
     status: jax.Array
 
 
-def newton_cg(fun_and_grad: Callable, hessp: Callable, x0, config: NewtonCGConfig = NewtonCGConfig(), *,
-              hessp_at: Optional[Callable] = None, min_curvature: Optional[float] = None,
-              xtol_curvature: Optional[float] = None) -> Solution:
+def newton_cg(
+    fun_and_grad: Callable,
+    hessp: Callable,
+    x0,
+    config: NewtonCGConfig = NewtonCGConfig(),
+    *,
+    hessp_at: Callable | None = None,
+    min_curvature: float | None = None,
+    xtol_curvature: float | None = None,
+) -> Solution:
     """Minimize a smooth function with truncated Newton steps.
 
     Parameters
@@ -181,11 +193,11 @@ def newton_cg(fun_and_grad: Callable, hessp: Callable, x0, config: NewtonCGConfi
     finite0 = jnp.isfinite(f0) & tm.all_finite(g0)
     status0 = jnp.where(finite0, Status.RUNNING, Status.NONFINITE)
     g0norm = tm.norm(g0)
-    status0 = jnp.where(finite0 & (config.miniter == 0) & ((g0norm <= gtol) | (g0norm == 0)), Status.CONVERGED,
-                        status0)
+    status0 = jnp.where(finite0 & (config.miniter == 0) & ((g0norm <= gtol) | (g0norm == 0)), Status.CONVERGED, status0)
     zero_i = jnp.zeros((), jnp.int32)
-    state = _State(x0, f0, g0, zero_i, zero_i, jnp.ones((), jnp.int32), jnp.asarray(jnp.inf, real),
-                   status0.astype(jnp.int32))
+    state = _State(
+        x0, f0, g0, zero_i, zero_i, jnp.ones((), jnp.int32), jnp.asarray(jnp.inf, real), status0.astype(jnp.int32)
+    )
 
     def cond(s):
         return s.status == Status.RUNNING
@@ -196,27 +208,36 @@ def newton_cg(fun_and_grad: Callable, hessp: Callable, x0, config: NewtonCGConfi
         rtol = eta if cgc.tol is None else jnp.minimum(cgc.tol, eta)
         inner_absdelta = off
         if config.energy_reduction_factor is not None:
-            inner_absdelta = jnp.where(jnp.isfinite(s.last_decrease),
-                                       config.energy_reduction_factor * s.last_decrease, off)
+            inner_absdelta = jnp.where(
+                jnp.isfinite(s.last_decrease), config.energy_reduction_factor * s.last_decrease, off
+            )
         if cgc.absdelta is not None:
             inner_absdelta = jnp.maximum(inner_absdelta, cgc.absdelta)
         op = hessp_at(s.x) if hessp_at is not None else (lambda v: hessp(s.x, v))
-        res = cg_solve(op, tm.scale(-1.0, s.g), tol=rtol, resnorm=cgc.resnorm, absdelta=inner_absdelta,
-                       miniter=cgc.miniter, maxiter=cgc.maxiter, name=cgc.name, min_curvature=min_curvature,
-                       absdelta_miniter=_ENERGY_RULE_MINITER)
+        res = cg_solve(
+            op,
+            tm.scale(-1.0, s.g),
+            tol=rtol,
+            resnorm=cgc.resnorm,
+            absdelta=inner_absdelta,
+            miniter=cgc.miniter,
+            maxiter=cgc.maxiter,
+            name=cgc.name,
+            min_curvature=min_curvature,
+            absdelta_miniter=_ENERGY_RULE_MINITER,
+        )
         p = res.x
         slope = tm.vdot(s.g, p)
         descent = (slope < 0) & tm.all_finite(p)
         # a Newton step to trust: the inner CG met its residual tolerance (the same test as inside cg_solve)
-        inner_solved = (res.status == Status.CONVERGED) & ((res.resnorm <= rtol * gnorm)
-                                                           | (res.resnorm <= cg_resnorm))
+        inner_solved = (res.status == Status.CONVERGED) & ((res.resnorm <= rtol * gnorm) | (res.resnorm <= cg_resnorm))
         newton = descent & inner_solved
         # non-positive curvature of a declared metric: a broken operator, stop here
         broken = (res.status == Status.NONPOSITIVE_CURVATURE) if min_curvature is not None else jnp.bool_(False)
         # no positive curvature along -g (CG's first direction): a gradient step, recorded in the status
         fallback_npc = (res.status == Status.NONPOSITIVE_CURVATURE) & ~descent
         p = tm.where(descent, p, tm.scale(-1.0, s.g))
-        slope = jnp.where(descent, slope, -gnorm**2)
+        slope = jnp.where(descent, slope, -(gnorm**2))
         p_l1 = sum(jnp.sum(jnp.abs(leaf)) for leaf in jax.tree_util.tree_leaves(p))
         f_tol = f_eps * jnp.abs(s.f)  # energy changes below this are rounding noise
 
@@ -266,13 +287,20 @@ def newton_cg(fun_and_grad: Callable, hessp: Callable, x0, config: NewtonCGConfi
         done = (nit >= config.miniter) & (small_step | (finite & (small_decrease | floor | stationary)))
         status = jnp.select(
             [broken, done, ~ls_ok, ~finite, nit >= config.maxiter],
-            [Status.NONPOSITIVE_CURVATURE, Status.CONVERGED, Status.LINE_SEARCH_FAILED, Status.NONFINITE,
-             jnp.where(fallback_npc, Status.NONPOSITIVE_CURVATURE, Status.MAX_ITERATIONS)],
-            Status.RUNNING).astype(jnp.int32)
+            [
+                Status.NONPOSITIVE_CURVATURE,
+                Status.CONVERGED,
+                Status.LINE_SEARCH_FAILED,
+                Status.NONFINITE,
+                jnp.where(fallback_npc, Status.NONPOSITIVE_CURVATURE, Status.MAX_ITERATIONS),
+            ],
+            Status.RUNNING,
+        ).astype(jnp.int32)
         new = _State(x_new, f_new, g_new, nit, s.ncg + res.nit, s.nfev + k + 1, decrease, status)
         # a failed line search keeps the last good point
-        keep = jax.tree_util.tree_map(lambda a, o: jnp.where(finite, a, o), new,
-                                      s._replace(nit=nit, ncg=new.ncg, nfev=new.nfev, status=status))
+        keep = jax.tree_util.tree_map(
+            lambda a, o: jnp.where(finite, a, o), new, s._replace(nit=nit, ncg=new.ncg, nfev=new.nfev, status=status)
+        )
         log_iteration(config.name, nit=nit, energy=keep.f, decrease=decrease, cg_nit=res.nit, step=half**k)
         return keep
 

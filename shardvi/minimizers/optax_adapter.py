@@ -1,8 +1,10 @@
 """Run any optax optimizer inside one ``lax.while_loop``."""
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -47,21 +49,22 @@ class OptaxConfig(Minimizer):
         When set, every step is logged through ``logging`` under this name.
     """
 
-    optimizer: object
+    optimizer: optax.GradientTransformation
     maxiter: int = 100
-    gtol: Optional[float] = None
-    name: Optional[str] = None
+    gtol: float | None = None
+    name: str | None = None
 
     def __post_init__(self):
         if not (callable(getattr(self.optimizer, "init", None)) and callable(getattr(self.optimizer, "update", None))):
-            raise TypeError("OptaxConfig.optimizer must be an optax.GradientTransformation "
-                            f"(with init and update), got {type(self.optimizer).__name__}")
+            raise TypeError(
+                "OptaxConfig.optimizer must be an optax.GradientTransformation "
+                f"(with init and update), got {type(self.optimizer).__name__}"
+            )
         check_iters("OptaxConfig", 0, self.maxiter)
         check_tol("OptaxConfig", "gtol", self.gtol)
         check_name("OptaxConfig", self.name)
 
-    def minimize(self, fun_and_grad: Callable, hessp: Callable, x0, *,
-                 min_curvature: Optional[float] = None) -> Solution:
+    def minimize(self, fun_and_grad: Callable, hessp: Callable, x0, *, min_curvature: float | None = None) -> Solution:
         """:func:`optax_minimize` with this configuration; ``hessp`` and ``min_curvature`` are unused."""
         return optax_minimize(fun_and_grad, x0, self)
 
@@ -93,6 +96,7 @@ def differentiable_value(fun_and_grad: Callable) -> Callable:
     ``fun_and_grad`` already gives. The ``custom_vjp`` returns that gradient:
     one ``fun_and_grad`` evaluation per value-and-gradient.
     """
+
     @jax.custom_vjp
     def value_fn(x):
         return fun_and_grad(x)[0]
@@ -123,23 +127,29 @@ def _check_update_output(out, x, opt_state, argname: str):
     ``jax.eval_shape`` outputs.
     """
     if not (isinstance(out, tuple) and len(out) == 2):
-        raise TypeError(f"{argname}.update must return a pair (updates, new_state) like an "
-                        f"optax.GradientTransformation, got {type(out).__name__}")
+        raise TypeError(
+            f"{argname}.update must return a pair (updates, new_state) like an "
+            f"optax.GradientTransformation, got {type(out).__name__}"
+        )
     updates, new_state = out
     xs, xdef = jtu.tree_flatten(x)
     us, udef = jtu.tree_flatten(updates)
     if udef != xdef:
-        raise TypeError(f"{argname}.update returned updates of structure {udef}; expected the structure of "
-                        f"the parameters, {xdef}")
+        raise TypeError(
+            f"{argname}.update returned updates of structure {udef}; expected the structure of the parameters, {xdef}"
+        )
     for i, (u, p) in enumerate(zip(us, xs)):
         if tuple(np.shape(u)) != tuple(np.shape(p)):
-            raise TypeError(f"{argname}.update returned updates whose leaf {i} has shape {tuple(np.shape(u))}; "
-                            f"the parameter has shape {tuple(np.shape(p))}")
-    if jtu.tree_structure(new_state) != jtu.tree_structure(opt_state) or \
-            _avals(new_state) != _avals(opt_state):
-        raise TypeError(f"{argname}.update returned a state whose structure, shapes or dtypes differ from "
-                        f"init's ({jtu.tree_structure(new_state)} vs {jtu.tree_structure(opt_state)}): the "
-                        f"optimizer's state is the carry of a lax.while_loop and must keep its type")
+            raise TypeError(
+                f"{argname}.update returned updates whose leaf {i} has shape {tuple(np.shape(u))}; "
+                f"the parameter has shape {tuple(np.shape(p))}"
+            )
+    if jtu.tree_structure(new_state) != jtu.tree_structure(opt_state) or _avals(new_state) != _avals(opt_state):
+        raise TypeError(
+            f"{argname}.update returned a state whose structure, shapes or dtypes differ from "
+            f"init's ({jtu.tree_structure(new_state)} vs {jtu.tree_structure(opt_state)}): the "
+            f"optimizer's state is the carry of a lax.while_loop and must keep its type"
+        )
     return updates, new_state
 
 
@@ -162,8 +172,10 @@ def check_optimizer(optimizer, params, argname: str = "optimizer") -> None:
     """
     for attr in ("init", "update"):
         if not callable(getattr(optimizer, attr, None)):
-            raise TypeError(f"{argname}.{attr} must be callable (an optax.GradientTransformation), got "
-                            f"{type(getattr(optimizer, attr, None)).__name__}")
+            raise TypeError(
+                f"{argname}.{attr} must be callable (an optax.GradientTransformation), got "
+                f"{type(getattr(optimizer, attr, None)).__name__}"
+            )
 
     def fg(x):
         return 0.5 * tm.vdot(x, x), x
@@ -171,15 +183,20 @@ def check_optimizer(optimizer, params, argname: str = "optimizer") -> None:
     def probe(x):
         try:
             opt_state = optimizer.init(x)
-        except Exception as err:  # noqa: BLE001 -- reported with the argument's name
+        except Exception as err:  # reported with the argument's name
             raise TypeError(f"{argname}.init failed on the parameters: {type(err).__name__}: {err}") from err
         value_fn = differentiable_value(fg)
         try:
-            out = (optimizer.update(x, opt_state, x, value=fg(x)[0], grad=x, value_fn=value_fn)
-                   if _is_extra_args(optimizer) else optimizer.update(x, opt_state, x))
-        except Exception as err:  # noqa: BLE001
-            raise TypeError(f"{argname}.update cannot run inside a jitted lax.while_loop on these parameters: "
-                            f"{type(err).__name__}: {err}") from err
+            out = (
+                optimizer.update(x, opt_state, x, value=fg(x)[0], grad=x, value_fn=value_fn)
+                if _is_extra_args(optimizer)
+                else optimizer.update(x, opt_state, x)
+            )
+        except Exception as err:
+            raise TypeError(
+                f"{argname}.update cannot run inside a jitted lax.while_loop on these parameters: "
+                f"{type(err).__name__}: {err}"
+            ) from err
         _check_update_output(out, x, opt_state, argname)
 
     jax.eval_shape(probe, params)
@@ -213,7 +230,9 @@ def optax_minimize(fun_and_grad: Callable, x0, config: OptaxConfig) -> Solution:
         nit = s.nit + 1
         status = jnp.select(
             [~jnp.isfinite(f) | ~tm.all_finite(g), tm.norm(g) <= gtol, nit >= config.maxiter],
-            [Status.NONFINITE, Status.CONVERGED, Status.MAX_ITERATIONS], Status.RUNNING).astype(jnp.int32)
+            [Status.NONFINITE, Status.CONVERGED, Status.MAX_ITERATIONS],
+            Status.RUNNING,
+        ).astype(jnp.int32)
         log_iteration(config.name, nit=nit, energy=f)
         return _State(x, f, g, opt_state, nit, status)
 

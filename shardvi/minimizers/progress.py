@@ -1,4 +1,5 @@
 """Optional host-side progress logging from inside jitted solver loops."""
+
 from __future__ import annotations
 
 import logging

@@ -6,11 +6,13 @@ one status vocabulary (:class:`~shardvi.minimizers.Status`) and the same
 host-side helpers: ``converged`` (an array, usable under jit), ``message``
 (readable text) and ``throw()`` (raise :class:`SolverError` on a failed solve).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
 
 import jax
+import jax.core
 import numpy as np
 
 from .status import Status, status_message
@@ -38,8 +40,10 @@ class SolverError(RuntimeError):
 def _concrete_status(result, what: str) -> np.ndarray:
     status = result.status
     if isinstance(status, jax.core.Tracer):
-        raise TypeError(f"{type(result).__name__}.{what} needs a concrete status: read it outside jax.jit / "
-                        "jax.vmap (the converged property works under tracing)")
+        raise TypeError(
+            f"{type(result).__name__}.{what} needs a concrete status: read it outside jax.jit / "
+            "jax.vmap (the converged property works under tracing)"
+        )
     return np.asarray(status)
 
 
@@ -59,10 +63,9 @@ def _check_accept(accept) -> tuple[int, ...]:
     if isinstance(accept, (Status, int)) and not isinstance(accept, bool):
         accept = (accept,)
     try:
-        items = tuple(accept)
+        items = tuple(accept)  # pyright: ignore[reportArgumentType] -- a bool raises TypeError, reported below
     except TypeError:
-        raise TypeError(f"accept must be a Status or a sequence of Status codes, got {type(accept).__name__}") \
-            from None
+        raise TypeError(f"accept must be a Status or a sequence of Status codes, got {type(accept).__name__}") from None
     codes = []
     for a in items:
         if isinstance(a, bool) or not isinstance(a, (Status, int, np.integer)):
@@ -70,8 +73,9 @@ def _check_accept(accept) -> tuple[int, ...]:
         try:
             codes.append(int(Status(int(a))))
         except ValueError:
-            raise ValueError(f"accept holds {int(a)}, which is no Status code "
-                             f"({', '.join(f'{s.name}={int(s)}' for s in Status)})") from None
+            raise ValueError(
+                f"accept holds {int(a)}, which is no Status code ({', '.join(f'{s.name}={int(s)}' for s in Status)})"
+            ) from None
     if int(Status.RUNNING) in codes:
         raise ValueError("accept cannot hold Status.RUNNING: no returned solve is still running")
     return tuple(codes)
@@ -88,12 +92,15 @@ def _throw(result, accept=()):
     if codes.ndim == 0:
         code = int(codes)
         name = Status(code).name if code in set(Status) else str(code)
-        msg = (f"{kind}: the solve failed after {int(np.asarray(result.nit))} iterations: "
-               f"{status_message(code)} (status {name})")
+        msg = (
+            f"{kind}: the solve failed after {int(np.asarray(result.nit))} iterations: "
+            f"{status_message(code)} (status {name})"
+        )
     else:
         failed = codes[bad]
         msg = f"{kind}: {failed.size} of {codes.size} batched solves failed: " + "; ".join(
-            f"{c} x {status_message(v)}" for v, c in zip(*np.unique(failed, return_counts=True)))
+            f"{c} x {status_message(v)}" for v, c in zip(*np.unique(failed, return_counts=True))
+        )
     raise SolverError(msg, codes, result)
 
 
@@ -167,7 +174,7 @@ class Solution(NamedTuple):
         """Readable text for ``status`` (batched: one line per distinct status, with counts)."""
         return _message(self)
 
-    def throw(self, *, accept=()) -> "Solution":
+    def throw(self, *, accept=()) -> Solution:
         return _throw(self, accept)
 
     throw.__doc__ = _THROW_DOC
@@ -216,7 +223,7 @@ class CGResult(NamedTuple):
         """Readable text for ``status`` (batched: one line per distinct status, with counts)."""
         return _message(self)
 
-    def throw(self, *, accept=()) -> "CGResult":
+    def throw(self, *, accept=()) -> CGResult:
         return _throw(self, accept)
 
     throw.__doc__ = _THROW_DOC

@@ -1,4 +1,5 @@
 """Termination status shared by all solvers."""
+
 from __future__ import annotations
 
 import enum

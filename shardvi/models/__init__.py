@@ -1,18 +1,50 @@
 """Generative models."""
+
 from .correlated_field import (
-    CorrelatedField, CorrelatedFieldMaker, Hyperparameter, MaternAmplitude, NonParametricAmplitude,
+    CorrelatedField,
+    CorrelatedFieldMaker,
+    Hyperparameter,
+    MaternAmplitude,
+    NonParametricAmplitude,
 )
 from .harmonic import RegularGrid, harmonic_to_position, hartley, position_to_harmonic, power_analyze
 from .model import Model
-from .priors import (
-    InvGamma, Laplace, LogNormal, Normal, Prior, Uniform, as_prior, gamma_quantile_from_normal, prior_model,
-)
 from .nufft import match_vma, nufft2d_type1, nufft2d_type2
+from .priors import (
+    InvGamma,
+    Laplace,
+    LogNormal,
+    Normal,
+    Prior,
+    Uniform,
+    as_prior,
+    gamma_quantile_from_normal,
+    prior_model,
+)
 from .responses import Mask, NUFFTResponse, Sampling
 
 __all__ = ["Model"]
 __all__ += ["Mask", "Sampling", "NUFFTResponse", "match_vma", "nufft2d_type1", "nufft2d_type2"]
-__all__ += ["Prior", "Normal", "LogNormal", "Uniform", "InvGamma", "Laplace", "prior_model", "as_prior",
-            "gamma_quantile_from_normal"]
-__all__ += ["CorrelatedFieldMaker", "CorrelatedField", "NonParametricAmplitude", "MaternAmplitude", "Hyperparameter",
-            "RegularGrid", "hartley", "harmonic_to_position", "position_to_harmonic", "power_analyze"]
+__all__ += [
+    "Prior",
+    "Normal",
+    "LogNormal",
+    "Uniform",
+    "InvGamma",
+    "Laplace",
+    "prior_model",
+    "as_prior",
+    "gamma_quantile_from_normal",
+]
+__all__ += [
+    "CorrelatedFieldMaker",
+    "CorrelatedField",
+    "NonParametricAmplitude",
+    "MaternAmplitude",
+    "Hyperparameter",
+    "RegularGrid",
+    "hartley",
+    "harmonic_to_position",
+    "position_to_harmonic",
+    "power_analyze",
+]

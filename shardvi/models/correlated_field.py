@@ -23,19 +23,19 @@ points are pinned to 0, so ``loglogavgslope`` is the average log-log slope; the
 spectrum is then normalized so that ``fluctuations`` is the standard deviation of the
 field. Matern alternative: ``P(k) proportional to (1 + (k / cutoff)^2)^(loglogslope / 2)``.
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
 
-from .harmonic import RegularGrid, hartley
 from ..module import Module
+from .harmonic import RegularGrid, hartley
 from .model import Model
 from .priors import LogNormal, Normal, Prior, as_prior
 
@@ -65,11 +65,11 @@ class Hyperparameter:
     """
 
     name: str
-    prior: Optional[Prior] = None
-    value: Optional[float] = None
+    prior: Prior | None = None
+    value: float | None = None
 
     @classmethod
-    def make(cls, spec, name: str, argname: str, kind: type, positive: bool) -> "Hyperparameter":
+    def make(cls, spec, name: str, argname: str, kind: type, positive: bool) -> Hyperparameter:
         if isinstance(spec, (int, float, np.floating, np.integer)) and not isinstance(spec, bool):
             v = float(spec)
             if not math.isfinite(v) or (positive and v <= 0):
@@ -118,8 +118,8 @@ class NonParametricAmplitude(Module):
     grid: RegularGrid
     fluctuations: Hyperparameter
     loglogavgslope: Hyperparameter
-    flexibility: Optional[Hyperparameter]
-    asperity: Optional[Hyperparameter]
+    flexibility: Hyperparameter | None
+    asperity: Hyperparameter | None
     prefix: str
     kind: str = "amplitude"
 
@@ -145,9 +145,9 @@ class NonParametricAmplitude(Module):
             exc = xi[self.prefix + "spectrum"]
             # exact integrated-Wiener-process increments: slope deviation v, its integral y
             v = jnp.concatenate([jnp.zeros((1,), dtype), jnp.cumsum(flex * jnp.sqrt(dt) * exc[0])])
-            dy = 0.5 * dt * (v[:-1] + v[1:]) + flex * jnp.sqrt(dt ** 3 / 12.0 + asp * dt) * exc[1]
+            dy = 0.5 * dt * (v[:-1] + v[1:]) + flex * jnp.sqrt(dt**3 / 12.0 + asp * dt) * exc[1]
             y = jnp.concatenate([jnp.zeros((1,), dtype), jnp.cumsum(dy)])
-            log_spec = log_spec + (y - y[-1] * t / t[-1])   # end points pinned: slope stays the average
+            log_spec = log_spec + (y - y[-1] * t / t[-1])  # end points pinned: slope stays the average
         if self.kind == "amplitude":
             log_spec = 2 * log_spec
         return _normalized_log_power(log_spec, self.grid, self.std(xi, dtype))
@@ -189,11 +189,10 @@ class MaternAmplitude(Module):
         if self.renormalize:
             return self.scale(xi, dtype)
         mult = jnp.asarray(self.grid.multiplicity[1:], dtype)
-        return jnp.exp(0.5 * (logsumexp(self.log_power(xi, dtype) + jnp.log(mult))
-                              - math.log(self.grid.total_volume)))
+        return jnp.exp(0.5 * (logsumexp(self.log_power(xi, dtype) + jnp.log(mult)) - math.log(self.grid.total_volume)))
 
 
-Amplitude = Union[NonParametricAmplitude, MaternAmplitude]
+Amplitude = NonParametricAmplitude | MaternAmplitude
 
 
 class CorrelatedField(Model):
@@ -228,7 +227,7 @@ class CorrelatedField(Model):
             raise ValueError(f"latent name {xi_name!r} clashes with a hyperparameter; change the prefixes")
         domain[xi_name] = jax.ShapeDtypeStruct(self.field_shape, dtype)
         self._xi_name = xi_name
-        self._set_domain(domain)
+        self.set_domain(domain)
 
     @property
     def grids(self) -> tuple:
@@ -321,14 +320,16 @@ class CorrelatedField(Model):
         return self.offset_mean + hartley(c * xi[self._xi_name])
 
     def __repr__(self):
-        return (f"CorrelatedField(prefix={self.prefix!r}, shape={self.field_shape}, "
-                f"grids={self.grids}, latent={sorted(self.domain)})")
+        return (
+            f"CorrelatedField(prefix={self.prefix!r}, shape={self.field_shape}, "
+            f"grids={self.grids}, latent={sorted(self.domain)})"
+        )
 
 
 # compiled once per model structure and latent dtype (the model is an argument: its grids are not constants);
 # eager op-by-op evaluation would compile every primitive separately
 _field_jit = jax.jit(lambda model, xi: model._field(xi))
-_field_jit.__name__ = "correlated_field"
+_field_jit.__name__ = "correlated_field"  # pyright: ignore[reportAttributeAccessIssue] -- jit wrappers take it
 _power_spectrum_jit = jax.jit(lambda model, xi, c: model._power_spectrum(xi, c), static_argnums=2)
 _fluctuations_jit = jax.jit(lambda model, xi, c: model._fluctuations(xi, c), static_argnums=2)
 
@@ -351,10 +352,10 @@ class CorrelatedFieldMaker:
         self.prefix = _check_prefix(prefix, "prefix")
         self.dtype = _default_dtype(dtype)
         self._amplitudes: list = []
-        self._zero_mode: Optional[Hyperparameter] = None
-        self._offset_mean: Optional[float] = None
+        self._zero_mode: Hyperparameter | None = None
+        self._offset_mean: float | None = None
 
-    def set_amplitude_total_offset(self, offset_mean: float, offset_std) -> "CorrelatedFieldMaker":
+    def set_amplitude_total_offset(self, offset_mean: float, offset_std) -> CorrelatedFieldMaker:
         """Field mean ``offset_mean + azm * xi_0`` with ``azm`` from ``offset_std`` (log-normal ``(mean, std)``)."""
         try:
             m = float(offset_mean)
@@ -366,8 +367,18 @@ class CorrelatedFieldMaker:
         self._zero_mode = Hyperparameter.make(offset_std, self.prefix + "zeromode", "offset_std", LogNormal, True)
         return self
 
-    def add_fluctuations(self, shape, distances, fluctuations, loglogavgslope, flexibility=None, asperity=None,
-                         *, prefix: str = "", kind: str = "amplitude") -> "CorrelatedFieldMaker":
+    def add_fluctuations(
+        self,
+        shape,
+        distances,
+        fluctuations,
+        loglogavgslope,
+        flexibility=None,
+        asperity=None,
+        *,
+        prefix: str = "",
+        kind: str = "amplitude",
+    ) -> CorrelatedFieldMaker:
         """Add a sub-domain with a non-parametric spectrum.
 
         Parameters
@@ -400,18 +411,22 @@ class CorrelatedFieldMaker:
         amp = NonParametricAmplitude(
             grid=grid,
             fluctuations=Hyperparameter.make(fluctuations, sub + "fluctuations", "fluctuations", LogNormal, True),
-            loglogavgslope=Hyperparameter.make(loglogavgslope, sub + "loglogavgslope", "loglogavgslope", Normal,
-                                               False),
-            flexibility=None if flexibility is None else Hyperparameter.make(
-                flexibility, sub + "flexibility", "flexibility", LogNormal, True),
-            asperity=None if asperity is None else Hyperparameter.make(
-                asperity, sub + "asperity", "asperity", LogNormal, True),
-            prefix=sub, kind=kind)
+            loglogavgslope=Hyperparameter.make(loglogavgslope, sub + "loglogavgslope", "loglogavgslope", Normal, False),
+            flexibility=None
+            if flexibility is None
+            else Hyperparameter.make(flexibility, sub + "flexibility", "flexibility", LogNormal, True),
+            asperity=None
+            if asperity is None
+            else Hyperparameter.make(asperity, sub + "asperity", "asperity", LogNormal, True),
+            prefix=sub,
+            kind=kind,
+        )
         self._amplitudes.append(amp)
         return self
 
-    def add_fluctuations_matern(self, shape, distances, scale, cutoff, loglogslope, *,
-                                renormalize_amplitude: bool = True, prefix: str = "") -> "CorrelatedFieldMaker":
+    def add_fluctuations_matern(
+        self, shape, distances, scale, cutoff, loglogslope, *, renormalize_amplitude: bool = True, prefix: str = ""
+    ) -> CorrelatedFieldMaker:
         """Add a sub-domain with a Matern spectrum ``P(k) ~ (1 + (k/cutoff)^2)^(loglogslope/2)``.
 
         Parameters
@@ -432,13 +447,15 @@ class CorrelatedFieldMaker:
             scale=Hyperparameter.make(scale, sub + "scale", "scale", LogNormal, True),
             cutoff=Hyperparameter.make(cutoff, sub + "cutoff", "cutoff", LogNormal, True),
             loglogslope=Hyperparameter.make(loglogslope, sub + "loglogslope", "loglogslope", Normal, False),
-            prefix=sub, renormalize=renormalize_amplitude)
+            prefix=sub,
+            renormalize=renormalize_amplitude,
+        )
         self._amplitudes.append(amp)
         return self
 
     def finalize(self) -> CorrelatedField:
         """Build the :class:`CorrelatedField` model."""
-        if self._zero_mode is None:
+        if self._zero_mode is None or self._offset_mean is None:
             raise ValueError("call set_amplitude_total_offset(offset_mean, offset_std) before finalize()")
         if not self._amplitudes:
             raise ValueError("add at least one sub-domain (add_fluctuations or add_fluctuations_matern)")

@@ -11,11 +11,12 @@ Conventions (per axis ``i``: ``N_i`` pixels of length ``dx_i``):
 - a power spectrum ``P(|k|)`` is a spectral density: a stationary field with power
   ``P`` has pixel variance ``sum_k dk P(|k|) = sum_k P(|k|) / V`` (``V`` the total volume).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -29,7 +30,7 @@ def _as_shape(shape) -> tuple[int, ...]:
     if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
         shape = (shape,)
     try:
-        out = tuple(int(n) for n in shape)
+        out = tuple(int(n) for n in shape)  # pyright: ignore[reportGeneralTypeIssues] -- a bool raises TypeError
     except TypeError:
         raise TypeError(f"shape must be an int or a sequence of ints, got {shape!r}") from None
     if not out or len(out) > 3:
@@ -86,7 +87,7 @@ class RegularGrid(Module):
     """
 
     shape: tuple
-    distances: tuple = 1.0
+    distances: tuple = 1.0  # pyright: ignore[reportAssignmentType] -- a float default; __post_init__ makes a tuple
     mode_lengths: np.ndarray = field(init=False, repr=False)
     power_index: np.ndarray = field(init=False, repr=False)
     multiplicity: np.ndarray = field(init=False, repr=False)
@@ -100,7 +101,7 @@ class RegularGrid(Module):
         # integer frequency indices make |k| bins exact (no floating-point near-duplicates)
         idx = np.meshgrid(*[np.fft.fftfreq(n, 1.0 / n).round().astype(np.int64) for n in shape], indexing="ij")
         dk = self.harmonic_distances
-        if len(set(dk)) == 1:   # isotropic: bin on the integer |n|^2
+        if len(set(dk)) == 1:  # isotropic: bin on the integer |n|^2
             key = sum(i * i for i in idx)
             uniq, inv = np.unique(key, return_inverse=True)
             lengths = dk[0] * np.sqrt(uniq.astype(np.float64))
@@ -197,7 +198,7 @@ def power_analyze(s, grid: RegularGrid, axes: Sequence[int] | None = None):
     ax = _grid_axes(s, grid, axes)
     S = position_to_harmonic(s, grid, ax)
     S2 = jnp.moveaxis(S * S, ax, tuple(range(-grid.ndim, 0)))
-    batch = S2.shape[:-grid.ndim]
+    batch = S2.shape[: -grid.ndim]
     flat = S2.reshape(batch + (-1,))
     idx = jnp.asarray(grid.power_index.ravel())
     m = len(grid.mode_lengths)

@@ -1,8 +1,9 @@
 """Generative model: a function of a standard-normal latent pytree."""
+
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -35,14 +36,15 @@ def normalize_domain(domain, argname: str = "domain", *, real: bool = False):
         if not jnp.issubdtype(sds.dtype, jnp.inexact):
             raise TypeError(f"{argname} leaves must have a floating dtype, got {sds.dtype}")
         if real and jnp.issubdtype(sds.dtype, jnp.complexfloating):
-            raise TypeError(f"{argname} leaves must be real (a latent xi ~ N(0, I)), got {sds.dtype}; model a "
-                            f"complex field from two real latents (re + 1j * im)")
+            raise TypeError(
+                f"{argname} leaves must be real (a latent xi ~ N(0, I)), got {sds.dtype}; model a "
+                f"complex field from two real latents (re + 1j * im)"
+            )
         out.append(sds)
     return jtu.tree_unflatten(treedef, out)
 
 
-def check_latent(x, domain, argname: str, *, finite: bool = True, batch: tuple = (),
-                 exact_dtype: bool = False) -> None:
+def check_latent(x, domain, argname: str, *, finite: bool = True, batch: tuple = (), exact_dtype: bool = False) -> None:
     """Raise a clear error unless ``x`` matches ``domain`` in structure, shapes, kind of dtype and finiteness.
 
     Only shapes and dtypes are read unless ``finite`` (so traced values pass
@@ -64,8 +66,10 @@ def check_latent(x, domain, argname: str, *, finite: bool = True, batch: tuple =
         if not jnp.issubdtype(dtype, jnp.number):
             raise TypeError(f"{argname} leaf {i} must be numeric, got dtype {dtype}")
         if jnp.issubdtype(dtype, jnp.complexfloating) and not jnp.issubdtype(d.dtype, jnp.complexfloating):
-            raise TypeError(f"{argname} leaf {i} is complex ({dtype}) but the domain is real ({d.dtype}): "
-                            f"the imaginary part would be dropped")
+            raise TypeError(
+                f"{argname} leaf {i} is complex ({dtype}) but the domain is real ({d.dtype}): "
+                f"the imaginary part would be dropped"
+            )
         if exact_dtype and dtype != np.dtype(d.dtype):
             raise TypeError(f"{argname} leaf {i} has dtype {dtype}, expected {np.dtype(d.dtype)} (the domain's)")
     if finite and not all(_all_finite(a) for a in xs):
@@ -94,7 +98,8 @@ class Model(Module):
     arguments, make ``call`` a module (e.g. a response such as
     :class:`~shardvi.Mask`, a :class:`~shardvi.CorrelatedField`) or a
     ``jax.tree_util.Partial(f, *arrays)``, or subclass :class:`Model`, store
-    the arrays as attributes and define ``__call__``.
+    the arrays as attributes and define ``__call__`` (call :meth:`set_domain`
+    at the end of ``__init__``).
 
     Parameters
     ----------
@@ -113,9 +118,9 @@ class Model(Module):
         if not callable(call):
             raise TypeError(f"call must be callable, got {type(call).__name__}")
         self.call = call
-        self._set_domain(domain)
+        self.set_domain(domain)
 
-    def _set_domain(self, domain) -> None:
+    def set_domain(self, domain) -> None:
         """Set ``domain`` (validated, real) and ``target`` (the output shapes of ``self(xi)``)."""
         self.domain = normalize_domain(domain, real=True)
         self.target = jax.eval_shape(self.__call__, self.domain)
@@ -127,8 +132,7 @@ class Model(Module):
         """Standard-normal latent pytree drawn with ``key`` (one subkey per leaf)."""
         leaves, treedef = jtu.tree_flatten(self.domain)
         keys = jax.random.split(key, len(leaves))
-        return jtu.tree_unflatten(
-            treedef, [jax.random.normal(k, d.shape, d.dtype) for k, d in zip(keys, leaves)])
+        return jtu.tree_unflatten(treedef, [jax.random.normal(k, d.shape, d.dtype) for k, d in zip(keys, leaves)])
 
     @property
     def size(self) -> int:

@@ -19,6 +19,7 @@ multi-transform (batch folded into a leading axis, one plan for all), and every 
 first :func:`match_vma`-casts its operands to a common set of varying manual axes. The
 points are constants for differentiation (their tangents are ignored).
 """
+
 from __future__ import annotations
 
 import math
@@ -31,8 +32,7 @@ from jax.interpreters import ad, batching, mlir
 
 __all__ = ["nufft2d_type1", "nufft2d_type2", "match_vma", "complex_dtype_for"]
 
-_COMPLEX_OF = {np.dtype(np.float32): np.dtype(np.complex64),
-               np.dtype(np.float64): np.dtype(np.complex128)}
+_COMPLEX_OF = {np.dtype(np.float32): np.dtype(np.complex64), np.dtype(np.float64): np.dtype(np.complex128)}
 
 
 def complex_dtype_for(real_dtype) -> np.dtype:
@@ -69,18 +69,16 @@ def match_vma(*xs):
     union = frozenset().union(*axes)
     if not union:
         return tuple(xs)
-    return tuple(
-        jax.lax.pcast(x, tuple(sorted(union - a)), to="varying") if union - a else x
-        for x, a in zip(xs, axes))
+    return tuple(jax.lax.pcast(x, tuple(sorted(union - a)), to="varying") if union - a else x for x, a in zip(xs, axes))
 
 
 # ----------------------------------------------------------------------------- raw calls
 def _fold(a, n_core):
     """Fold the leading batch axes of ``a`` (all but the last ``n_core``) into one."""
-    batch = a.shape[:a.ndim - n_core]
+    batch = a.shape[: a.ndim - n_core]
     if len(batch) == 1:
         return batch, a
-    return batch, a.reshape((math.prod(batch),) + a.shape[a.ndim - n_core:])
+    return batch, a.reshape((math.prod(batch),) + a.shape[a.ndim - n_core :])
 
 
 def _fold_points(p):
@@ -89,11 +87,13 @@ def _fold_points(p):
 
 def _finufft1(*args, **kwargs):
     from jax_finufft import nufft1  # on first use: importing shardvi does not load jax-finufft
+
     return nufft1(*args, **kwargs)
 
 
 def _finufft2(*args, **kwargs):
     from jax_finufft import nufft2
+
     return nufft2(*args, **kwargs)
 
 
@@ -172,8 +172,9 @@ def _batch_rule(bind, n_core):
         src = _move_front(src, ds, n)
         if dx is None and dy is None and x.ndim == 1 and y.ndim == 1:
             return bind(src, x, y, **params), 0  # native multi-transform, one plan
-        batch = src.shape[:src.ndim - n_core]
+        batch = src.shape[: src.ndim - n_core]
         return bind(src, _points_to(x, dx, batch), _points_to(y, dy, batch), **params), 0
+
     return rule
 
 
@@ -218,8 +219,10 @@ def _check_points(x, y, complex_dtype, src_name: str):
     want = np.dtype(np.float32 if complex_dtype == np.complex64 else np.float64)
     for name, p in (("x", x), ("y", y)):
         if p.dtype != want:
-            raise TypeError(f"{name} has dtype {p.dtype}, but {src_name} is {complex_dtype}: "
-                            f"jax-finufft needs {want} points for a {complex_dtype} source")
+            raise TypeError(
+                f"{name} has dtype {p.dtype}, but {src_name} is {complex_dtype}: "
+                f"jax-finufft needs {want} points for a {complex_dtype} source"
+            )
     return jax.lax.stop_gradient(x), jax.lax.stop_gradient(y)
 
 

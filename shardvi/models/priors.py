@@ -9,6 +9,7 @@ normal CDF (computed in log space where a tail would round to 0 or 1), so
 >>> p = LogNormal(mean=2.0, std=0.5)
 >>> model = prior_model(p, shape=(3,), name="amp")   # a Model with domain {"amp": (3,)}
 """
+
 from __future__ import annotations
 
 import math
@@ -21,8 +22,17 @@ from jax.scipy.special import gammainc, gammaincc, gammaln, log_ndtr, ndtr
 
 from .model import Model
 
-__all__ = ["Prior", "Normal", "LogNormal", "Uniform", "InvGamma", "Laplace", "prior_model",
-           "gamma_quantile_from_normal", "as_prior"]
+__all__ = [
+    "Prior",
+    "Normal",
+    "LogNormal",
+    "Uniform",
+    "InvGamma",
+    "Laplace",
+    "prior_model",
+    "gamma_quantile_from_normal",
+    "as_prior",
+]
 
 
 def _finite_float(x, name: str) -> float:
@@ -105,7 +115,7 @@ class LogNormal(Prior):
     @property
     def mu(self) -> float:
         """Mean of ``log(value)``."""
-        return math.log(self.mean) - 0.5 * self.sigma ** 2
+        return math.log(self.mean) - 0.5 * self.sigma**2
 
     def __call__(self, xi):
         xi = _float_dtype(xi)
@@ -145,24 +155,26 @@ class Laplace(Prior):
     def __call__(self, xi):
         xi = _float_dtype(xi)
         neg = xi < 0
-        t = jnp.where(neg, xi, -xi)               # -|xi| with derivative +-1 on both sides of 0
-        tail = math.log(2.0) + log_ndtr(t)        # log(2 * min(u, 1 - u)) <= 0
+        t = jnp.where(neg, xi, -xi)  # -|xi| with derivative +-1 on both sides of 0
+        tail = math.log(2.0) + log_ndtr(t)  # log(2 * min(u, 1 - u)) <= 0
         return self.loc + jnp.where(neg, 1.0, -1.0) * self.scale * tail
 
 
 # ----------------------------------------------------------------------------- gamma quantile
 _GAMMA_MAXITER = 60
-_MAX_STEP = 3.0    # Newton steps in log(g) are clipped to this
+_MAX_STEP = 3.0  # Newton steps in log(g) are clipped to this
 
 
 def _log_gammainc_lower(a, g, u):
     """``log P(a, g)`` accurate for tiny ``g`` (series) and moderate ``g`` (``gammainc``)."""
     gs = jnp.minimum(g, 1.0)
+
     # P(a, g) = g^a e^{-g} / Gamma(a+1) * sum_n g^n / ((a+1)...(a+n)); 40 terms suffice for g <= 1
     def body(n, carry):
         term, total = carry
         term = term * gs / (a + n)
         return term, total + term
+
     _, series = jax.lax.fori_loop(1, 40, body, (jnp.ones_like(gs), jnp.ones_like(gs)))
     small = a * u - gs - gammaln(a + 1.0) + jnp.log(series)
     return jnp.where(g <= 1.0, small, jnp.log(gammainc(a, jnp.maximum(g, 1.0))))
@@ -190,9 +202,8 @@ def _log_gamma_quantile_impl(a, xi):
 
     def fun(u):
         g = jnp.exp(u)
-        logcdf = jnp.where(lower, _log_gammainc_lower(a, g, u),
-                           jnp.log(gammaincc(a, jnp.where(lower, 1.0, g))))
-        logdens = a * u - g - lg_a                      # log of g * gamma_pdf(g)
+        logcdf = jnp.where(lower, _log_gammainc_lower(a, g, u), jnp.log(gammaincc(a, jnp.where(lower, 1.0, g))))
+        logdens = a * u - g - lg_a  # log of g * gamma_pdf(g)
         f = logcdf - target
         fprime = jnp.where(lower, 1.0, -1.0) * jnp.exp(logdens - logcdf)
         return f, fprime
@@ -215,7 +226,7 @@ def _log_gamma_quantile_impl(a, xi):
 
     init = (jnp.asarray(0), u0.astype(dtype), jnp.full_like(u0, jnp.inf, dtype=dtype))
     _, u, _ = jax.lax.while_loop(cond, body, init)
-    return u + step(u)    # Newton converges quadratically: one more step reaches full precision
+    return u + step(u)  # Newton converges quadratically: one more step reaches full precision
 
 
 @partial(jax.custom_jvp, nondiff_argnums=(0,))
@@ -256,7 +267,7 @@ def gamma_quantile_from_normal(a, xi, *, log: bool = False):
     """
     a = _positive_float(a, "a")
     xi = _float_dtype(xi)
-    u = _log_gamma_quantile_jit(a, -xi)    # solves P(a, g) = Phi(-t) with t = -xi
+    u = _log_gamma_quantile_jit(a, -xi)  # solves P(a, g) = Phi(-t) with t = -xi
     return u if log else jnp.exp(u)
 
 
@@ -278,7 +289,7 @@ class InvGamma(Prior):
 
     def __call__(self, xi):
         xi = _float_dtype(xi)
-        u = _log_gamma_quantile_jit(self.a, xi)      # P(a, g) = Phi(-xi)
+        u = _log_gamma_quantile_jit(self.a, xi)  # P(a, g) = Phi(-xi)
         return self.scale * jnp.exp(-u)
 
 

@@ -6,12 +6,14 @@ linear map ``R`` with ``R(field)`` and an exact adjoint
 real arrays and ``Re sum(conj(a) * b)`` on complex ones. All are pure JAX and compose with
 ``jit``, ``vmap``, ``grad``/``vjp``/``jvp`` and ``shard_map``.
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 
@@ -158,7 +160,7 @@ def _check_real_dtype(dtype) -> np.dtype:
         raise TypeError(f"dtype must be float32 or float64, got {dtype!r}") from None
     if dt not in (np.float32, np.float64):
         raise TypeError(f"dtype must be float32 or float64, got {dt}")
-    if dt == np.float64 and not jax.config.jax_enable_x64:
+    if dt == np.float64 and not jax.config.jax_enable_x64:  # pyright: ignore[reportAttributeAccessIssue] -- a runtime flag
         raise ValueError("dtype=float64 needs jax_enable_x64; enable it or use float32")
     return dt
 
@@ -231,7 +233,7 @@ class NUFFTResponse(Module):
     image_shape: tuple
     pixel_size: tuple
     eps: float = field(default=1e-9, kw_only=True)
-    dtype: np.dtype = field(default=np.float64, kw_only=True)
+    dtype: np.dtype = field(default=np.float64, kw_only=True)  # pyright: ignore[reportAssignmentType] -- __post_init__
 
     def __post_init__(self):
         dt = _check_real_dtype(self.dtype)
@@ -275,8 +277,10 @@ class NUFFTResponse(Module):
         if image.shape != self.image_shape:
             raise ValueError(f"image has shape {image.shape}, expected {self.image_shape}")
         if image.dtype != self.dtype:
-            raise TypeError(f"image has dtype {image.dtype}, but the response is {self.dtype}; "
-                            f"cast it with image.astype({self.dtype.name!r})")
+            raise TypeError(
+                f"image has dtype {image.dtype}, but the response is {self.dtype}; "
+                f"cast it with image.astype({self.dtype.name!r})"
+            )
         x, y = self._points()
         return nufft2d_type2(image.astype(self.complex_dtype), x, y, iflag=-1, eps=self.eps)
 
@@ -289,4 +293,3 @@ class NUFFTResponse(Module):
             raise ValueError(f"vis has shape {vis.shape}, expected ({self.n_vis},)")
         x, y = self._points()
         return jnp.real(nufft2d_type1(vis, x, y, self.image_shape, iflag=1, eps=self.eps))
-

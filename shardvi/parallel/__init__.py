@@ -14,17 +14,34 @@ docstring; see also :mod:`shardvi.parallel.reproducible`). Also:
 :func:`collectives` (count all-reduce / all-gather ops in compiled HLO) and
 :func:`initialize_distributed` (multi-process runs).
 """
+
 from .collectives import CollectiveCounts, collectives, count_collectives
 from .distributed import initialize_distributed, is_distributed, shutdown_distributed
 from .jit_sharding import JitSharding
 from .lax_map import LaxMap
 from .mesh import SAMPLE_AXIS, check_devices, replicated, sample_mesh, sharded
 from .pmap import Pmap
-from .reproducible import (REPRODUCIBLE_COMPILER_OPTIONS, check_compiler_options, engine_compiler_options,
-                           opaque_constants, reproducible_jit)
+from .reproducible import (
+    REPRODUCIBLE_COMPILER_OPTIONS,
+    check_compiler_options,
+    engine_compiler_options,
+    opaque_constants,
+    reproducible_jit,
+)
 from .shard_map import ShardMap
-from .strategy import (REDUCE_MODES, Placed, Strategy, chunked_apply, fixed_order_mean, get_strategy, map_mean,
-                       place, register_strategy, strategy_class, strategy_names)
+from .strategy import (
+    REDUCE_MODES,
+    Placed,
+    Strategy,
+    chunked_apply,
+    fixed_order_mean,
+    get_strategy,
+    map_mean,
+    place,
+    register_strategy,
+    strategy_class,
+    strategy_names,
+)
 from .vmap import Vmap
 
 #: the names of the built-in strategies, each registered by its own module (:func:`strategy_names` also lists
@@ -32,10 +49,37 @@ from .vmap import Vmap
 STRATEGY_NAMES = strategy_names()
 
 __all__ = [
-    "CollectiveCounts", "JitSharding", "LaxMap", "Placed", "Pmap", "REDUCE_MODES", "REPRODUCIBLE_COMPILER_OPTIONS",
-    "SAMPLE_AXIS", "STRATEGY_NAMES", "ShardMap", "Strategy", "Vmap", "check_compiler_options", "check_devices",
-    "chunked_apply", "collectives", "engine_compiler_options",
-    "count_collectives", "fixed_order_mean", "get_strategy", "initialize_distributed", "is_distributed",
-    "map_mean", "opaque_constants", "place", "register_strategy", "replicated", "reproducible_jit", "sample_mesh",
-    "sharded", "shutdown_distributed", "strategy_class", "strategy_names",
+    "CollectiveCounts",
+    "JitSharding",
+    "LaxMap",
+    "Placed",
+    "Pmap",
+    "REDUCE_MODES",
+    "REPRODUCIBLE_COMPILER_OPTIONS",
+    "SAMPLE_AXIS",
+    "STRATEGY_NAMES",
+    "ShardMap",
+    "Strategy",
+    "Vmap",
+    "check_compiler_options",
+    "check_devices",
+    "chunked_apply",
+    "collectives",
+    "engine_compiler_options",
+    "count_collectives",
+    "fixed_order_mean",
+    "get_strategy",
+    "initialize_distributed",
+    "is_distributed",
+    "map_mean",
+    "opaque_constants",
+    "place",
+    "register_strategy",
+    "replicated",
+    "reproducible_jit",
+    "sample_mesh",
+    "sharded",
+    "shutdown_distributed",
+    "strategy_class",
+    "strategy_names",
 ]

@@ -1,4 +1,5 @@
 """Shared parts of the built-in strategies: one-device and multi-device bases, padding, local sums."""
+
 from __future__ import annotations
 
 import functools
@@ -8,8 +9,16 @@ import jax
 import jax.numpy as jnp
 from jax import tree_util as jtu
 
-from .mesh import (Layout, check_devices, leading_size, pad_samples, replicated, resolve_devices, sample_layout,
-                   sample_mesh)
+from .mesh import (
+    Layout,
+    check_devices,
+    leading_size,
+    pad_samples,
+    replicated,
+    resolve_devices,
+    sample_layout,
+    sample_mesh,
+)
 from .strategy import Strategy, check_chunk, check_in_axes, check_reduce, chunked_apply, strategy_class, strategy_names
 
 __all__ = ["SingleDevice", "MultiDevice", "single_device_map"]
@@ -21,6 +30,7 @@ def _local_device():
 
 def single_device_map(fn, in_axes, chunk, name):
     """``map`` on one device: pad to a multiple of ``chunk``, :func:`chunked_apply`, drop the padding."""
+
     def mapped(*args):
         check_in_axes(in_axes, len(args))
         n = leading_size(args, in_axes, name)
@@ -29,6 +39,7 @@ def single_device_map(fn, in_axes, chunk, name):
         n_pad = math.ceil(n / chunk) * chunk
         padded = [pad_samples(a, n_pad) if ax == 0 else a for a, ax in zip(args, in_axes)]
         return jtu.tree_map(lambda y: y[:n], chunked_apply(fn, in_axes, tuple(padded), chunk))
+
     return mapped
 
 
@@ -58,21 +69,31 @@ class SingleDevice(Strategy):
             return self
         if len(devices) > 1:
             multi = tuple(n for n in strategy_names() if issubclass(strategy_class(n), MultiDevice))
-            raise ValueError(f"devices lists {len(devices)} devices but {argname}={what} runs on one device and "
-                             f"would ignore them: use a multi-device strategy {multi} or leave devices=None")
+            raise ValueError(
+                f"devices lists {len(devices)} devices but {argname}={what} runs on one device and "
+                f"would ignore them: use a multi-device strategy {multi} or leave devices=None"
+            )
         if devices[0] != _local_device():
-            raise ValueError(f"devices=[{devices[0]}] but {argname}={what} always runs on {_local_device()} "
-                             f"(jax.local_devices()[0]): leave devices=None or use a multi-device strategy")
+            raise ValueError(
+                f"devices=[{devices[0]}] but {argname}={what} always runs on {_local_device()} "
+                f"(jax.local_devices()[0]): leave devices=None or use a multi-device strategy"
+            )
         return self
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cached_mesh(devices: tuple):
     return sample_mesh(devices)
 
 
 class MultiDevice(Strategy):
     """Base of frozen dataclasses with ``devices``, ``chunk_size``, ``reduce`` and ``pad`` fields."""
+
+    # declared by every subclass (dataclass fields there)
+    devices: tuple | None  # after _validate
+    chunk_size: int
+    reduce: str
+    pad: bool
 
     def _validate(self):
         object.__setattr__(self, "devices", check_devices(self.devices, "devices"))
@@ -106,7 +127,7 @@ class MultiDevice(Strategy):
 
     def _finish(self, stacked, layout: Layout):
         """Drop the padding and replicate the stacked outputs (the all-gather)."""
-        out = jtu.tree_map(lambda y: y[:layout.n], stacked)
+        out = jtu.tree_map(lambda y: y[: layout.n], stacked)
         return jax.lax.with_sharding_constraint(out, replicated(self.mesh))
 
 
@@ -118,6 +139,7 @@ def masked_local_sum(values, layout: Layout, device_index):
     def one(v):
         m = valid.reshape((-1,) + (1,) * (v.ndim - 1))
         return jnp.sum(jnp.where(m, v, jnp.zeros((), v.dtype)), axis=0)
+
     return jtu.tree_map(one, values)
 
 

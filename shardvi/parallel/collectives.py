@@ -4,20 +4,28 @@
 >>> c = collectives(jitted_fn, *args)
 >>> c.total, c.in_loops, c.counts["all-gather"]
 """
+
 from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Mapping
 
 import jax
 
 __all__ = ["CollectiveCounts", "collectives", "count_collectives", "COLLECTIVE_OPS"]
 
 #: HLO opcodes counted as collectives (async ``-start`` halves count once; ``-done`` is ignored).
-COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
-                  "collective-broadcast", "ragged-all-to-all")
+COLLECTIVE_OPS = (
+    "all-reduce",
+    "all-gather",
+    "reduce-scatter",
+    "all-to-all",
+    "collective-permute",
+    "collective-broadcast",
+    "ragged-all-to-all",
+)
 
 _COMP_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*(\(.*\))?.*\{\s*$")
 _OPCODE = re.compile(r"([a-z][a-z0-9\-]*)\(")
@@ -74,7 +82,7 @@ def _opcode(line: str):
     return m.group(1) if m else None
 
 
-def _normalize(op: str):
+def _normalize(op: str | None):
     if op is None:
         return None
     base = op[:-6] if op.endswith("-start") else op
@@ -152,4 +160,4 @@ def collectives(fn, *args, **kwargs) -> CollectiveCounts:
     """
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
     text = jitted.lower(*args, **kwargs).compile().as_text()
-    return count_collectives(text)
+    return count_collectives(text)  # pyright: ignore[reportArgumentType] -- as_text() is a str on CPU/GPU/TPU

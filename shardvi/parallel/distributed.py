@@ -10,10 +10,10 @@ replicated) arrays every process can read, bitwise equal to a one-process run.
 >>> sv.parallel.initialize_distributed("127.0.0.1:12345", num_processes=2, process_id=rank,
 ...                                    local_device_count=2)   # before any other JAX call
 """
+
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 import jax
 
@@ -27,9 +27,16 @@ def _check_int(value, argname, minimum):
         raise ValueError(f"{argname} must be an int >= {minimum}, got {value!r}")
 
 
-def initialize_distributed(coordinator_address: str, num_processes: int, process_id: int, *,
-                           local_device_count: Optional[int] = None, bind_address: Optional[str] = None,
-                           initialization_timeout: int = 120, platform: Optional[str] = None) -> None:
+def initialize_distributed(
+    coordinator_address: str,
+    num_processes: int,
+    process_id: int,
+    *,
+    local_device_count: int | None = None,
+    bind_address: str | None = None,
+    initialization_timeout: int = 120,
+    platform: str | None = None,
+) -> None:
     """Join a multi-process JAX runtime (wraps ``jax.distributed.initialize``).
 
     Call it first thing in every process, before any JAX computation.
@@ -77,12 +84,17 @@ def initialize_distributed(coordinator_address: str, num_processes: int, process
         if local_device_count is not None:
             jax.config.update("jax_num_cpu_devices", local_device_count)
     except RuntimeError as err:
-        raise RuntimeError("initialize_distributed must run before any JAX computation in this process "
-                           f"(setting devices failed: {err})") from err
+        raise RuntimeError(
+            "initialize_distributed must run before any JAX computation in this process "
+            f"(setting devices failed: {err})"
+        ) from err
     jax.distributed.initialize(
-        coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id,
+        coordinator_address=coordinator_address,
+        num_processes=num_processes,
+        process_id=process_id,
         coordinator_bind_address=bind_address or coordinator_address,
-        initialization_timeout=initialization_timeout)
+        initialization_timeout=initialization_timeout,
+    )
 
 
 def shutdown_distributed() -> None:

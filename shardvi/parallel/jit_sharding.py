@@ -1,9 +1,10 @@
 """``jit`` strategy: GSPMD partitioning through ``jax.jit`` in/out shardings."""
+
 from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -28,10 +29,11 @@ def unpartitionable_primitives(jaxpr) -> set:
             if any(tag in name for tag in _UNPARTITIONED):
                 found.add(name)
             for v in eqn.params.values():
-                for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+                for sub in v if isinstance(v, (tuple, list)) else (v,):
                     inner = getattr(sub, "jaxpr", sub)
                     if hasattr(inner, "eqns"):
                         visit(inner)
+
     visit(jaxpr)
     return found
 
@@ -72,7 +74,7 @@ class JitSharding(MultiDevice):
         Pad unplaceable sample counts with masked copies (default) or raise.
     """
 
-    devices: Optional[Sequence] = None
+    devices: Sequence | None = None
     chunk_size: int = 1
     reduce: str = "fixed"
     pad: bool = True
@@ -97,11 +99,14 @@ class JitSharding(MultiDevice):
             warnings.warn(
                 f"JitSharding: the per-sample function uses {found}, which XLA's SPMD partitioner does not split: "
                 f"every device all-gathers the batch and computes all samples (slow), and results can differ in "
-                f"the last bits from 1-device runs. Use ShardMap or Pmap for such models.", UserWarning,
-                stacklevel=3)
+                f"the last bits from 1-device runs. Use ShardMap or Pmap for such models.",
+                UserWarning,
+                stacklevel=3,
+            )
 
     def map(self, fn, in_axes):
         """Stacked per-sample outputs (padding dropped, replicated over the mesh)."""
+
         def mapped(*args):
             self._warn_unpartitionable(fn, in_axes, args)
             layout, padded = self._prepare(args, in_axes)
@@ -109,10 +114,12 @@ class JitSharding(MultiDevice):
             per_device = lambda *local: chunked_apply(fn, in_axes, local, self.chunk_size)  # noqa: E731
             out = self._jit(per_device, in_axes, sharded(self.mesh))(*split)
             return self._finish(reshape_from_devices(out, layout), layout)
+
         return mapped
 
     def fast_map_mean(self, fn, in_axes):
         """Per-device sums, then an all-reduce (``reduce="psum"``)."""
+
         def mm(*args):
             self._warn_unpartitionable(fn, in_axes, args)
             layout, padded = self._prepare(args, in_axes)
@@ -123,9 +130,11 @@ class JitSharding(MultiDevice):
                 *local, d = local
                 vals = chunked_apply(fn, in_axes, tuple(local), self.chunk_size)
                 return masked_local_sum(vals, layout, d)
+
             parts = self._jit(per_device, axes, sharded(self.mesh))(*split, jnp.arange(layout.n_devices))
             total = jax.tree_util.tree_map(lambda x: jnp.sum(x, axis=0), parts)
             return jax.lax.with_sharding_constraint(divide(total, layout.n), replicated(self.mesh))
+
         return mm
 
 

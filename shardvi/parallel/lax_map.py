@@ -1,8 +1,8 @@
 """``lax_map`` strategy: loop over the samples on one device (lowest memory)."""
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import jax
 
@@ -26,7 +26,7 @@ class LaxMap(SingleDevice):
         As for :class:`~shardvi.parallel.Vmap`.
     """
 
-    batch_size: Optional[int] = 1
+    batch_size: int | None = 1
     reduce: str = "fixed"
     name: str = dataclasses.field(default="lax_map", init=False)
 
@@ -49,6 +49,7 @@ class LaxMap(SingleDevice):
             check_in_axes(in_axes, len(args))
             xs = tuple(a for a, ax in zip(args, in_axes) if ax == 0)
             return jax.lax.map(lambda x: fn(*_with_mapped(args, in_axes, x)), xs)
+
         return mapped
 
 

@@ -10,10 +10,12 @@ evaluated in a chunk of exactly ``c`` samples at the same position within its
 chunk, whatever ``D`` is; that is what makes the per-sample results bitwise
 independent of the device count on XLA:CPU.
 """
+
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -21,13 +23,21 @@ import numpy as np
 from jax import tree_util as jtu
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-__all__ = ["SAMPLE_AXIS", "Layout", "check_devices", "sample_layout", "sample_mesh", "replicated",
-           "sharded", "pad_samples"]
+__all__ = [
+    "SAMPLE_AXIS",
+    "Layout",
+    "check_devices",
+    "sample_layout",
+    "sample_mesh",
+    "replicated",
+    "sharded",
+    "pad_samples",
+]
 
 SAMPLE_AXIS = "samples"
 
 
-def check_devices(devices: Optional[Sequence], argname: str = "devices") -> Optional[tuple]:
+def check_devices(devices: Sequence | None, argname: str = "devices") -> tuple | None:
     """Validate a device list; ``None`` stays ``None`` (meaning all ``jax.devices()``).
 
     Raises
@@ -41,28 +51,32 @@ def check_devices(devices: Optional[Sequence], argname: str = "devices") -> Opti
     if devices is None:
         return None
     if isinstance(devices, jax.Device):
-        raise TypeError(f"{argname} must be a sequence of jax.Device, got a single device {devices}; "
-                        f"pass [device] instead")
+        raise TypeError(
+            f"{argname} must be a sequence of jax.Device, got a single device {devices}; pass [device] instead"
+        )
     if isinstance(devices, (str, bytes)) or not hasattr(devices, "__iter__"):
-        raise TypeError(f"{argname} must be a sequence of jax.Device (e.g. jax.devices()[:2]) or None, "
-                        f"got {type(devices).__name__}")
+        raise TypeError(
+            f"{argname} must be a sequence of jax.Device (e.g. jax.devices()[:2]) or None, got {type(devices).__name__}"
+        )
     devices = tuple(devices)
     if not devices:
-        raise ValueError(f"{argname} is empty: pass at least one jax.Device (e.g. jax.devices()[:2]) "
-                         f"or None for all devices")
+        raise ValueError(
+            f"{argname} is empty: pass at least one jax.Device (e.g. jax.devices()[:2]) or None for all devices"
+        )
     for i, d in enumerate(devices):
         if not isinstance(d, jax.Device):
             raise TypeError(f"{argname}[{i}] must be a jax.Device, got {type(d).__name__} ({d!r})")
     platforms = sorted({d.platform for d in devices})
     if len(platforms) > 1:
-        raise ValueError(f"{argname} mixes platforms {platforms}: all devices of one strategy must be on "
-                         f"the same platform")
+        raise ValueError(
+            f"{argname} mixes platforms {platforms}: all devices of one strategy must be on the same platform"
+        )
     if len(set(devices)) != len(devices):
         raise ValueError(f"{argname} lists a device twice: {[str(d) for d in devices]}")
     return devices
 
 
-def resolve_devices(devices: Optional[tuple]) -> tuple:
+def resolve_devices(devices: tuple | None) -> tuple:
     """``devices`` or, if ``None``, all (global) ``jax.devices()``."""
     return tuple(jax.devices()) if devices is None else tuple(devices)
 
@@ -118,7 +132,8 @@ def sample_layout(n: int, n_devices: int, chunk: int, pad: bool, strategy: str) 
             f"chunk_size={chunk}: the length of every mapped sample axis must be a multiple of {step} "
             f"(= devices x chunk_size), e.g. {ok[0]}, {ok[1]}, {ok[2]}. With mirror_samples the sampling "
             f"maps one entry per pair (n_samples) and the KL two (2 * n_samples), so n_samples must be a "
-            f"multiple of {step}. Or use pad=True (default) to pad with masked samples.")
+            f"multiple of {step}. Or use pad=True (default) to pad with masked samples."
+        )
     return Layout(n, n_devices, chunk, per_device)
 
 
@@ -129,11 +144,13 @@ def pad_samples(tree, n_padded: int):
     zero residual could be a singular input for some models); their results
     are dropped before anything is returned or averaged.
     """
+
     def one(x):
         extra = n_padded - x.shape[0]
         if extra == 0:
             return x
         return jnp.concatenate([x, jnp.repeat(x[-1:], extra, axis=0)], axis=0)
+
     return jtu.tree_map(one, tree)
 
 

@@ -1,8 +1,9 @@
 """``pmap`` strategy: samples reshaped to ``(devices, per_device, ...)`` and ``jax.pmap``-ed."""
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import jax
 
@@ -38,7 +39,7 @@ class Pmap(MultiDevice):
         ``ValueError`` naming the counts that work.
     """
 
-    devices: Optional[Sequence] = None
+    devices: Sequence | None = None
     chunk_size: int = 1
     reduce: str = "fixed"
     pad: bool = True
@@ -50,9 +51,11 @@ class Pmap(MultiDevice):
     def _pmap(self, body, in_axes):
         devices = self.resolved_devices
         if any(d.process_index != jax.process_index() for d in devices):
-            raise ValueError("devices: Pmap maps over devices of this process only, but the devices span "
-                             f"processes {sorted({d.process_index for d in devices})}; use ShardMap or "
-                             "JitSharding for multi-process runs (or pass jax.local_devices())")
+            raise ValueError(
+                "devices: Pmap maps over devices of this process only, but the devices span "
+                f"processes {sorted({d.process_index for d in devices})}; use ShardMap or "
+                "JitSharding for multi-process runs (or pass jax.local_devices())"
+            )
         return jax.pmap(body, axis_name=SAMPLE_AXIS, in_axes=tuple(in_axes), devices=devices)
 
     def _split(self, padded, in_axes, layout):
@@ -60,15 +63,18 @@ class Pmap(MultiDevice):
 
     def map(self, fn, in_axes):
         """Stacked per-sample outputs (padding dropped, replicated over the devices)."""
+
         def mapped(*args):
             layout, padded = self._prepare(args, in_axes)
             body = lambda *local: chunked_apply(fn, in_axes, local, self.chunk_size)  # noqa: E731
             out = self._pmap(body, in_axes)(*self._split(padded, in_axes, layout))
             return self._finish(reshape_from_devices(out, layout), layout)
+
         return mapped
 
     def fast_map_mean(self, fn, in_axes):
         """Per-device sums ``psum``-ed inside the ``pmap`` (``reduce="psum"``)."""
+
         def mm(*args):
             layout, padded = self._prepare(args, in_axes)
 
@@ -76,8 +82,10 @@ class Pmap(MultiDevice):
                 vals = chunked_apply(fn, in_axes, local, self.chunk_size)
                 part = masked_local_sum(vals, layout, jax.lax.axis_index(SAMPLE_AXIS))
                 return jax.lax.psum(part, SAMPLE_AXIS)
+
             out = self._pmap(body, in_axes)(*self._split(padded, in_axes, layout))
             return divide(jax.tree_util.tree_map(lambda x: x[0], out), layout.n)
+
         return mm
 
 

@@ -42,33 +42,44 @@ XLA:CPU (``tests/test_parallel_reproducible.py``); another XLA version may
 need other measures. Cost: XLA's CSE is off and constants are not folded in
 these steps (see ``BENCHMARKS.md``).
 """
+
 from __future__ import annotations
 
 import collections.abc
 import functools
 import inspect
 import types
+import warnings
+from typing import Any, cast
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
-
-import warnings
 
 try:  # jax internals; without them the rewrite cannot be applied (a ReproducibilityWarning says so)
     from jax._src import core as _core
     from jax._src.lax.lax import div_p as _div_p
     from jax._src.lax.lax import mul_p as _mul_p
     from jax._src.lax.lax import optimization_barrier_p as _barrier_p
+
     _IMPORT_ERROR = None
 except ImportError as _err:  # pragma: no cover - depends on the jax version
-    _core = _barrier_p = _div_p = _mul_p = None
+    # typed Any: the helpers below use them only after _rewrite has checked `_core is not None`
+    _core = _barrier_p = _div_p = _mul_p = cast(Any, None)
     _IMPORT_ERROR = f"{type(_err).__name__}: {_err}"
 
 __all__ = [
-    "REPRODUCIBLE_COMPILER_OPTIONS", "TESTED_JAX_VERSIONS", "ReproducibilityWarning", "check_compiler_options",
-    "check_jax_version", "engine_compiler_options", "opaque_constants", "opaque_per_sample", "reproducible_jit",
+    "REPRODUCIBLE_COMPILER_OPTIONS",
+    "TESTED_JAX_VERSIONS",
+    "ReproducibilityWarning",
+    "check_compiler_options",
+    "check_jax_version",
+    "engine_compiler_options",
+    "opaque_constants",
+    "opaque_per_sample",
+    "reproducible_jit",
 ]
 
 #: jax versions on which the bitwise tests (equal results across device counts and strategies) pass; also in
@@ -99,9 +110,12 @@ def check_jax_version(version: str | None = None) -> bool:
             f"shardvi: jax {version} is not among the versions its bitwise tests pass on "
             f"{TESTED_JAX_VERSIONS}: results are correct, but bitwise equality across device counts and "
             f"strategies is unverified (XLA may optimize the per-device programs differently). Run "
-            f"tests/test_parallel_reproducible.py to check this installation.", ReproducibilityWarning,
-            stacklevel=3)
+            f"tests/test_parallel_reproducible.py to check this installation.",
+            ReproducibilityWarning,
+            stacklevel=3,
+        )
     return tested
+
 
 #: XLA options of the engine steps (read-only; extend them per run with ``optimize_kl(..., compiler_options=...)``):
 #: CSE off (bitwise reproducibility, see the module docstring) and XLA:CPU's classic loop emitters instead of
@@ -109,7 +123,8 @@ def check_jax_version(version: str | None = None) -> bool:
 #: 5 iterations: 524 vs 926 MiB peak resident memory) for ~10 % faster iterations (``BENCHMARKS.md``).
 #: The ``xla_cpu_`` option has no effect on other platforms.
 REPRODUCIBLE_COMPILER_OPTIONS = types.MappingProxyType(
-    {"xla_disable_hlo_passes": "cse", "xla_cpu_use_fusion_emitters": False})
+    {"xla_disable_hlo_passes": "cse", "xla_cpu_use_fusion_emitters": False}
+)
 
 
 def engine_compiler_options(extra=None) -> dict:
@@ -151,7 +166,7 @@ def check_compiler_options(options, argname: str = "compiler_options") -> dict:
     if out:
         try:
             jax.jit(lambda x: x + 1, compiler_options=engine_compiler_options(out)).lower(np.float32(0)).compile()
-        except Exception as err:  # XLA's INVALID_ARGUMENT (jax.errors.JaxRuntimeError)
+        except Exception as err:  # noqa: BLE001 -- XLA's INVALID_ARGUMENT (jax.errors.JaxRuntimeError)
             raise ValueError(f"{argname} rejected by XLA: {str(err).splitlines()[0]}") from None
     return out
 
@@ -172,9 +187,9 @@ def _rewrite_param(value):
         return _core.ClosedJaxpr(_rewrite_jaxpr(value.jaxpr), value.consts)
     if isinstance(value, _core.Jaxpr):
         return _rewrite_jaxpr(value)
-    if type(value) is tuple:  # noqa: E721 - not NamedTuples (e.g. a PRNG implementation)
+    if type(value) is tuple:  # exactly tuple: not NamedTuples (e.g. a PRNG implementation)
         return tuple(_rewrite_param(v) for v in value)
-    if type(value) is list:  # noqa: E721
+    if type(value) is list:
         return [_rewrite_param(v) for v in value]
     return value
 
@@ -185,8 +200,11 @@ def _reciprocal_multiply(eqn, a, b):
     one = _core.Literal(np.ones((), aval.dtype)[()], _core.ShapedArray((), aval.dtype))
     one_v, one_eqn = _barrier_eqn(one, one.aval)
     recip = _core.Var(_core.ShapedArray((), aval.dtype))
-    return [one_eqn, _core.new_jaxpr_eqn([one_v, b], [recip], _div_p, {}, _core.no_effects),
-            eqn.replace(invars=[a, recip], primitive=_mul_p, params={})]
+    return [
+        one_eqn,
+        _core.new_jaxpr_eqn([one_v, b], [recip], _div_p, {}, _core.no_effects),
+        eqn.replace(invars=[a, recip], primitive=_mul_p, params={}),
+    ]
 
 
 def _rewrite_jaxpr(jaxpr):
@@ -210,8 +228,12 @@ def _rewrite_jaxpr(jaxpr):
             else:
                 invars.append(subst.get(x, x))
         params = {k: _rewrite_param(v) for k, v in eqn.params.items()}
-        if (eqn.primitive is _div_p and _inexact(eqn.outvars[0].aval) and eqn.outvars[0].aval.shape
-                and not invars[1].aval.shape):
+        if (
+            eqn.primitive is _div_p
+            and _inexact(eqn.outvars[0].aval)
+            and eqn.outvars[0].aval.shape
+            and not invars[1].aval.shape
+        ):
             # array / scalar: XLA rewrites A / broadcast(b) into A * broadcast(1 / b) in some programs and
             # not in others (depending on b's users); do it here, the same way everywhere
             eqns.extend(_reciprocal_multiply(eqn, invars[0], invars[1]))
@@ -224,17 +246,24 @@ def _rewrite_jaxpr(jaxpr):
 def _rewrite(closed):
     """The rewritten jaxpr; where the rewrite cannot be applied, the original one and a warning."""
     if _core is None:
-        warnings.warn(f"shardvi: the jax internals the reproducibility rewrite needs are missing in jax "
-                      f"{jax.__version__} ({_IMPORT_ERROR}); programs compile unchanged and bitwise equality "
-                      f"across device counts is not guaranteed", ReproducibilityWarning, stacklevel=4)
+        warnings.warn(
+            f"shardvi: the jax internals the reproducibility rewrite needs are missing in jax "
+            f"{jax.__version__} ({_IMPORT_ERROR}); programs compile unchanged and bitwise equality "
+            f"across device counts is not guaranteed",
+            ReproducibilityWarning,
+            stacklevel=4,
+        )
         return closed.jaxpr
     try:
         return _rewrite_jaxpr(closed.jaxpr)
     except (AttributeError, TypeError, ValueError, KeyError) as err:  # a jaxpr structure this jax version changed
-        warnings.warn(f"shardvi: the reproducibility rewrite failed on this program ({type(err).__name__}: "
-                      f"{err}); it compiles unchanged and bitwise equality across device counts is not "
-                      f"guaranteed (jax {jax.__version__}; tested: {TESTED_JAX_VERSIONS})",
-                      ReproducibilityWarning, stacklevel=4)
+        warnings.warn(
+            f"shardvi: the reproducibility rewrite failed on this program ({type(err).__name__}: "
+            f"{err}); it compiles unchanged and bitwise equality across device counts is not "
+            f"guaranteed (jax {jax.__version__}; tested: {TESTED_JAX_VERSIONS})",
+            ReproducibilityWarning,
+            stacklevel=4,
+        )
         return closed.jaxpr
 
 
@@ -254,6 +283,7 @@ def opaque_per_sample(one, example):
     def run(consts, *x):
         flat = jtu.tree_leaves(x)
         return jtu.tree_unflatten(out_tree, jax.core.eval_jaxpr(jaxpr, list(consts), *flat))
+
     return consts, run, out_shape
 
 
@@ -285,9 +315,11 @@ def opaque_constants(fn, static_argnames=()):
 
         def call(*dyn):
             return fn(**dict(zip(names, dyn)), **fixed)
+
         closed, out_shape = jax.make_jaxpr(call, return_shape=True)(*dynamic)
         out = jax.core.eval_jaxpr(_rewrite(closed), list(closed.consts), *jtu.tree_leaves(dynamic))
         return jtu.tree_unflatten(jtu.tree_structure(out_shape), out)
+
     return wrapped
 
 
@@ -301,5 +333,4 @@ def reproducible_jit(fn, **jit_kwargs):
     counts.
     """
     options = engine_compiler_options(jit_kwargs.pop("compiler_options", None))
-    return jax.jit(opaque_constants(fn, jit_kwargs.get("static_argnames", ())), compiler_options=options,
-                   **jit_kwargs)
+    return jax.jit(opaque_constants(fn, jit_kwargs.get("static_argnames", ())), compiler_options=options, **jit_kwargs)

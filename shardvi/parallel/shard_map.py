@@ -1,8 +1,9 @@
 """``shard_map`` strategy: each device maps its own block of samples."""
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import jax
 from jax import tree_util as jtu
@@ -54,7 +55,7 @@ class ShardMap(MultiDevice):
         the per-sample function must keep consistent varying types.
     """
 
-    devices: Optional[Sequence] = None
+    devices: Sequence | None = None
     chunk_size: int = 1
     reduce: str = "fixed"
     pad: bool = True
@@ -73,20 +74,22 @@ class ShardMap(MultiDevice):
 
     def _shard_map(self, body, in_axes, out_specs):
         in_specs = tuple(P(SAMPLE_AXIS) if ax == 0 else P() for ax in in_axes)
-        return jax.shard_map(body, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs,
-                             check_vma=self.check_vma)
+        return jax.shard_map(body, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=self.check_vma)
 
     def map(self, fn, in_axes):
         """Stacked per-sample outputs (padding dropped, replicated over the mesh)."""
+
         def mapped(*args):
             layout, padded = self._prepare(args, in_axes)
             body = lambda *local: self._local(fn, in_axes, local)  # noqa: E731
             out = self._shard_map(body, in_axes, P(SAMPLE_AXIS))(*padded)
             return self._finish(out, layout)
+
         return mapped
 
     def fast_map_mean(self, fn, in_axes):
         """Per-device sums ``psum``-ed inside the ``shard_map`` (``reduce="psum"``)."""
+
         def mm(*args):
             layout, padded = self._prepare(args, in_axes)
 
@@ -94,7 +97,9 @@ class ShardMap(MultiDevice):
                 vals = self._local(fn, in_axes, local)
                 part = masked_local_sum(vals, layout, jax.lax.axis_index(SAMPLE_AXIS))
                 return jax.lax.psum(part, SAMPLE_AXIS)
+
             return divide(self._shard_map(body, in_axes, P())(*padded), layout.n)
+
         return mm
 
 

@@ -14,11 +14,12 @@ Built in (each in its own module, registered there by name):
 file: subclass :class:`Strategy`, implement ``map`` (see the contract in its
 docstring) and, to make it available by name, call :func:`register_strategy`.
 """
+
 from __future__ import annotations
 
 import abc
 import inspect
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -27,8 +28,19 @@ from jax import tree_util as jtu
 from .mesh import check_devices
 from .reproducible import opaque_per_sample
 
-__all__ = ["Strategy", "get_strategy", "fixed_order_mean", "map_mean", "place", "chunked_apply", "Placed",
-           "REDUCE_MODES", "register_strategy", "strategy_names", "strategy_class"]
+__all__ = [
+    "Strategy",
+    "get_strategy",
+    "fixed_order_mean",
+    "map_mean",
+    "place",
+    "chunked_apply",
+    "Placed",
+    "REDUCE_MODES",
+    "register_strategy",
+    "strategy_names",
+    "strategy_class",
+]
 
 REDUCE_MODES = ("fixed", "psum")
 
@@ -86,7 +98,7 @@ class Strategy(abc.ABC):
 
     name: str = "strategy"
     reduce: str = "fixed"
-    devices: Optional[tuple] = None
+    devices: tuple | None = None
 
     @abc.abstractmethod
     def map(self, fn: Callable, in_axes: tuple) -> Callable:
@@ -130,23 +142,27 @@ class Strategy(abc.ABC):
         """
         return tree
 
-    def accept_devices(self, devices: Optional[tuple], argname: str = "sample_map") -> "Strategy":
+    def accept_devices(self, devices: tuple | None, argname: str = "sample_map") -> Strategy:
         """``self`` if a ``devices`` argument given beside it (already validated) agrees with it.
 
         Default: ``devices`` must be ``None`` or this strategy's own devices.
         """
         if devices is not None and self.devices is None and "devices" not in _init_parameters(type(self)):
-            raise ValueError(f"devices={[str(d) for d in devices]} but {argname}={self.name!r} "
-                             f"({type(self).__name__}) takes no devices (it computes where JAX puts its inputs): "
-                             f"leave devices=None")
+            raise ValueError(
+                f"devices={[str(d) for d in devices]} but {argname}={self.name!r} "
+                f"({type(self).__name__}) takes no devices (it computes where JAX puts its inputs): "
+                f"leave devices=None"
+            )
         if devices is not None and (self.devices is None or tuple(self.devices) != devices):
-            raise ValueError(f"devices={[str(d) for d in devices]} is used only with a strategy given by name; "
-                             f"{argname} is a {type(self).__name__} object with devices={self.devices}: set the "
-                             f"devices on the object ({type(self).__name__}(devices=...)) and leave devices=None")
+            raise ValueError(
+                f"devices={[str(d) for d in devices]} is used only with a strategy given by name; "
+                f"{argname} is a {type(self).__name__} object with devices={self.devices}: set the "
+                f"devices on the object ({type(self).__name__}(devices=...)) and leave devices=None"
+            )
         return self
 
     @classmethod
-    def create(cls, devices: Optional[tuple] = None, argname: str = "sample_map", **options) -> "Strategy":
+    def create(cls, devices: tuple | None = None, argname: str = "sample_map", **options) -> Strategy:
         """The strategy :func:`get_strategy` returns for this class's registered name.
 
         Default: ``cls(devices=devices, **options)`` if the constructor takes
@@ -154,7 +170,7 @@ class Strategy(abc.ABC):
         (:meth:`accept_devices`).
         """
         if "devices" in _init_parameters(cls):
-            return cls(devices=devices, **options)
+            return cls(devices=devices, **options)  # pyright: ignore[reportCallIssue] -- checked: a subclass's field
         return cls(**options).accept_devices(devices, argname)
 
 
@@ -175,12 +191,14 @@ def fixed_order_mean(stacked):
     into a multiplication by its reciprocal in some programs and not in
     others, an explicit multiplication is the same everywhere.
     """
+
     def one(x):
         n = x.shape[0]
         if n == 0:
             raise ValueError("cannot average over zero samples")
         acc = jax.lax.fori_loop(1, n, lambda i, a: a + x[i], x[0])
         return acc * (1.0 / n)
+
     return jtu.tree_map(one, stacked)
 
 
@@ -223,8 +241,10 @@ def check_chunk(chunk_size, argname="chunk_size", allow_none=True):
 def check_reduce(reduce):
     """``reduce`` must be one of :data:`REDUCE_MODES`."""
     if reduce not in REDUCE_MODES:
-        raise ValueError(f"reduce must be one of {REDUCE_MODES} ('fixed': bitwise reproducible all-gather + "
-                         f"fixed-order sum; 'psum': fast, ~1 ulp differences), got {reduce!r}")
+        raise ValueError(
+            f"reduce must be one of {REDUCE_MODES} ('fixed': bitwise reproducible all-gather + "
+            f"fixed-order sum; 'psum': fast, ~1 ulp differences), got {reduce!r}"
+        )
 
 
 def _with_mapped(args, in_axes, xs):
@@ -238,7 +258,7 @@ def _varying_axes(x) -> tuple:
     return tuple(sorted(getattr(mat, "varying", ()) or ()))
 
 
-def chunked_apply(fn: Callable, in_axes: tuple, args: tuple, chunk: Optional[int]):
+def chunked_apply(fn: Callable, in_axes: tuple, args: tuple, chunk: int | None):
     """Evaluate ``fn`` per sample in vectorized chunks of exactly ``chunk`` samples.
 
     The mapped arguments' leading axis must be a multiple of ``chunk``. The
@@ -261,8 +281,7 @@ def chunked_apply(fn: Callable, in_axes: tuple, args: tuple, chunk: Optional[int
     # one spare chunk (never computed): with a single chunk the slice blocks[i] would not depend on i and
     # XLA would hoist the whole per-sample computation out of the loop into a differently optimized context
     n_chunks = n // chunk
-    blocks = jtu.tree_map(lambda x: jnp.concatenate([x, x[-chunk:]]).reshape((n_chunks + 1, chunk) + x.shape[1:]),
-                          xs)
+    blocks = jtu.tree_map(lambda x: jnp.concatenate([x, x[-chunk:]]).reshape((n_chunks + 1, chunk) + x.shape[1:]), xs)
     out0 = jtu.tree_map(lambda s: jnp.zeros((n_chunks + 1, chunk) + s.shape, s.dtype), out_shape)
     varying = _varying_axes(jtu.tree_leaves(blocks)[0])
     if varying:  # inside shard_map(check_vma=True): the output buffer carry must be device-varying too
@@ -274,6 +293,7 @@ def chunked_apply(fn: Callable, in_axes: tuple, args: tuple, chunk: Optional[int
         y = jax.vmap(run, in_axes=(None,) + (0,) * len(xs))(consts, *x)
         out = jtu.tree_map(lambda o, v: jax.lax.dynamic_update_index_in_dim(o, v, i, 0), out, y)
         return consts, blocks, out
+
     # a trip count XLA cannot see: a loop of one chunk is not inlined into (and optimized with) its context
     trips = jax.lax.optimization_barrier(jnp.asarray(n_chunks, jnp.int32))
     _, _, ys = jax.lax.fori_loop(0, trips, body, (consts, blocks, out0))
@@ -347,15 +367,19 @@ def get_strategy(spec, argname: str = "sample_map", devices=None, **options) -> 
     """
     devices = check_devices(devices, "devices")
     if isinstance(spec, type):
-        raise TypeError(f"{argname} is the class {spec.__name__}, not a strategy object: instantiate it, e.g. "
-                        f"{argname}={spec.__name__}() or {spec.__name__}(devices=...)")
+        raise TypeError(
+            f"{argname} is the class {spec.__name__}, not a strategy object: instantiate it, e.g. "
+            f"{argname}={spec.__name__}() or {spec.__name__}(devices=...)"
+        )
     if isinstance(spec, str):
         if spec not in _REGISTRY:
             raise ValueError(f"{argname} must be one of {strategy_names()} or a strategy object, got {spec!r}")
         return _REGISTRY[spec].create(devices, argname, **options)
     if options:
-        raise TypeError(f"{argname}: options {sorted(options)} apply to a strategy given by name only; set them "
-                        f"on the {type(spec).__name__} object")
+        raise TypeError(
+            f"{argname}: options {sorted(options)} apply to a strategy given by name only; set them "
+            f"on the {type(spec).__name__} object"
+        )
     if isinstance(spec, Strategy):
         spec = spec.accept_devices(devices, argname)
         if not type(spec).__module__.startswith("shardvi.parallel"):
@@ -365,8 +389,10 @@ def get_strategy(spec, argname: str = "sample_map", devices=None, **options) -> 
         adapted = _Adapted(spec).accept_devices(devices, argname)
         _probe_strategy(adapted, argname)
         return adapted
-    raise TypeError(f"{argname} must be a strategy name {strategy_names()} or a shardvi.parallel.Strategy "
-                    f"object (subclass it and implement map), got {type(spec).__name__}")
+    raise TypeError(
+        f"{argname} must be a strategy name {strategy_names()} or a shardvi.parallel.Strategy "
+        f"object (subclass it and implement map), got {type(spec).__name__}"
+    )
 
 
 class _Adapted(Strategy):
@@ -429,20 +455,28 @@ def _probe_strategy(spec: Strategy, argname: str) -> None:
 
     def probe(x, y):
         stacked = spec.map(fn, (0, None))(x, y)
-        return stacked, spec.mean(stacked), spec.map_mean(fn, (0, None))(x, y)
+        # a user's map_mean may return anything: what it returns is what this probe checks
+        return stacked, spec.mean(stacked), spec.map_mean(fn, (0, None))(x, y)  # pyright: ignore[reportCallIssue]
 
     try:
         stacked, mean, fused = jax.eval_shape(probe, xs, b)
-    except Exception as err:  # noqa: BLE001 -- reported with the argument's name
-        raise TypeError(f"{argname}: the strategy object {label} failed on a probe (map of "
-                        f"x * y over {n} samples of shape (2,), then mean): {type(err).__name__}: {err}") from err
-    expect = {"map(fn, in_axes)(...)": (stacked, (n, 2)), "mean(stacked)": (mean, (2,)),
-              "map_mean(fn, in_axes)(...)": (fused, (2,))}
+    except Exception as err:  # reported with the argument's name
+        raise TypeError(
+            f"{argname}: the strategy object {label} failed on a probe (map of "
+            f"x * y over {n} samples of shape (2,), then mean): {type(err).__name__}: {err}"
+        ) from err
+    expect = {
+        "map(fn, in_axes)(...)": (stacked, (n, 2)),
+        "mean(stacked)": (mean, (2,)),
+        "map_mean(fn, in_axes)(...)": (fused, (2,)),
+    }
     for what, (got, shape) in expect.items():
         if not isinstance(got, jax.ShapeDtypeStruct) or tuple(got.shape) != shape:
             desc = f"shape {tuple(got.shape)}" if isinstance(got, jax.ShapeDtypeStruct) else repr(got)
-            raise TypeError(f"{argname}: {label}.{what} returned {desc} on a probe of {n} samples "
-                            f"of shape (2,); expected an array of shape {shape}")
+            raise TypeError(
+                f"{argname}: {label}.{what} returned {desc} on a probe of {n} samples "
+                f"of shape (2,); expected an array of shape {shape}"
+            )
 
 
 class Placed:

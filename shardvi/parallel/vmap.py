@@ -1,8 +1,8 @@
 """``vmap`` strategy: vectorize over the samples on one device, in fixed chunks."""
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 from ._base import SingleDevice, single_device_map
 from .strategy import check_chunk, check_reduce, register_strategy
@@ -28,7 +28,7 @@ class Vmap(SingleDevice):
         reduction (``jnp.sum``), ~1 ulp different.
     """
 
-    chunk_size: Optional[int] = 1
+    chunk_size: int | None = 1
     reduce: str = "fixed"
     name: str = dataclasses.field(default="vmap", init=False)
 

@@ -1,4 +1,5 @@
 """Variational inference: likelihoods, KL, MGVI/geoVI sampling, the driver."""
+
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .diagnostics import IterationReport, minisanity, residual_stats
 from .gaussian import Gaussian
@@ -13,10 +14,29 @@ from .student_t import StudentT
 from .variable_covariance import VariableCovarianceGaussian
 
 __all__ = [
-    "CheckpointError", "Gaussian", "IterationReport", "Likelihood", "NonFiniteError", "NonPositiveCurvatureError",
-    "OptimizeVI", "OptimizeVIState",
-    "Poisson", "SampleMode", "Samples", "StudentT", "VariableCovarianceGaussian", "draw_linear_residual",
-    "hamiltonian", "hamiltonian_metric", "kl_metric", "kl_value_and_grad", "load_checkpoint",
-    "metric_sample", "minisanity", "nonlinearly_update_residual", "optimize_kl", "residual_stats",
+    "CheckpointError",
+    "Gaussian",
+    "IterationReport",
+    "Likelihood",
+    "NonFiniteError",
+    "NonPositiveCurvatureError",
+    "OptimizeVI",
+    "OptimizeVIState",
+    "Poisson",
+    "SampleMode",
+    "Samples",
+    "StudentT",
+    "VariableCovarianceGaussian",
+    "draw_linear_residual",
+    "hamiltonian",
+    "hamiltonian_metric",
+    "kl_metric",
+    "kl_value_and_grad",
+    "load_checkpoint",
+    "metric_sample",
+    "minisanity",
+    "nonlinearly_update_residual",
+    "optimize_kl",
+    "residual_stats",
     "save_checkpoint",
 ]

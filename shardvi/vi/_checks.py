@@ -4,6 +4,7 @@ The checks run in NumPy on the host: validating concrete user data needs no
 XLA compilation (each eager JAX operation would compile a small program and
 keep it in memory).
 """
+
 from __future__ import annotations
 
 import jax
@@ -29,8 +30,9 @@ def finite_data(data, argname: str = "data"):
             raise TypeError(f"{argname} must be numeric, got dtype {arr.dtype}")
         if arr.size == 0:
             where = "" if len(leaves) == 1 else f" leaf {i}"
-            raise ValueError(f"{argname}{where} is empty (shape {arr.shape}): every data array needs at least "
-                             f"one entry")
+            raise ValueError(
+                f"{argname}{where} is empty (shape {arr.shape}): every data array needs at least one entry"
+            )
         host = np.asarray(arr)
         if not jnp.issubdtype(arr.dtype, jnp.inexact):
             host = host.astype(jnp.result_type(float))
@@ -61,7 +63,8 @@ def _per_leaf(value, treedef, argname: str) -> list:
         raise ValueError(
             f"{argname} is a {type(value).__name__} of structure {jtu.tree_structure(value)}, which does not "
             f"match the data's structure {treedef}: give a scalar, one array (broadcast to every data leaf) "
-            f"or a pytree with exactly the data's structure") from None
+            f"or a pytree with exactly the data's structure"
+        ) from None
 
 
 def positive_like(value, data, argname: str, *, inverse_square: bool = False):
@@ -82,8 +85,7 @@ def positive_like(value, data, argname: str, *, inverse_square: bool = False):
         except (TypeError, ValueError) as err:
             raise TypeError(f"{argname} must be a positive number or array, got {type(v).__name__}") from err
         if host.dtype.kind not in "iuf" and not jnp.issubdtype(host.dtype, jnp.floating):
-            raise TypeError(f"{argname} must be a real number or array, got {type(v).__name__} of dtype "
-                            f"{host.dtype}")
+            raise TypeError(f"{argname} must be a real number or array, got {type(v).__name__} of dtype {host.dtype}")
         with np.errstate(over="ignore", invalid="ignore"):
             wide = host.astype(np.float64)
         if not bool(np.all(np.isfinite(wide) & (wide > 0))):
@@ -92,16 +94,19 @@ def positive_like(value, data, argname: str, *, inverse_square: bool = False):
         with np.errstate(over="ignore", under="ignore"):
             host = host.astype(dtype)
         if not bool(np.all(np.isfinite(host) & (host > 0))):
-            raise ValueError(f"{argname} is not representable in the data's dtype {np.dtype(dtype).name} "
-                             f"(it overflows or underflows; range {jnp.finfo(dtype).tiny:.3g} to "
-                             f"{jnp.finfo(dtype).max:.3g})")
+            raise ValueError(
+                f"{argname} is not representable in the data's dtype {np.dtype(dtype).name} "
+                f"(it overflows or underflows; range {jnp.finfo(dtype).tiny:.3g} to "
+                f"{jnp.finfo(dtype).max:.3g})"
+            )
         if inverse_square:
             _check_inverse_square(host, argname)
         try:
             host = np.broadcast_to(host, d.shape)
         except ValueError as err:
-            raise ValueError(f"{argname} has shape {host.shape}, which does not broadcast to the data "
-                             f"shape {d.shape}") from err
+            raise ValueError(
+                f"{argname} has shape {host.shape}, which does not broadcast to the data shape {d.shape}"
+            ) from err
         out.append(host)
     return jtu.tree_unflatten(treedef, out)
 
@@ -114,11 +119,15 @@ def _check_inverse_square(host, argname: str) -> None:
     dtype = np.dtype(host.dtype)
     lo = float(np.sqrt(np.float64(1.0) / np.float64(jnp.finfo(dtype).max)))
     if not bool(np.all(np.isfinite(inv2))):
-        raise ValueError(f"{argname} is so small that 1/{argname}**2 overflows {dtype.name} (smallest "
-                         f"{argname} {float(np.min(host)):.3g}; it must be above about {lo:.3g} in {dtype.name})")
+        raise ValueError(
+            f"{argname} is so small that 1/{argname}**2 overflows {dtype.name} (smallest "
+            f"{argname} {float(np.min(host)):.3g}; it must be above about {lo:.3g} in {dtype.name})"
+        )
     if not bool(np.all(inv2 > 0)):
-        raise ValueError(f"{argname} is so large that 1/{argname}**2 underflows to 0 in {dtype.name} "
-                         f"(largest {argname} {float(np.max(host)):.3g})")
+        raise ValueError(
+            f"{argname} is so large that 1/{argname}**2 underflows to 0 in {dtype.name} "
+            f"(largest {argname} {float(np.max(host)):.3g})"
+        )
 
 
 def to_device(tree):

@@ -1,7 +1,8 @@
 """Reduced chi-square diagnostics (NIFTy's ``minisanity``) and iteration reports."""
+
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -10,8 +11,15 @@ from jax import tree_util as jtu
 
 from .samples import Samples
 
-__all__ = ["IterationReport", "chi2_sums", "format_residual_stats", "minisanity", "pooled_chi2", "reduced_chi2",
-           "residual_stats"]
+__all__ = [
+    "IterationReport",
+    "chi2_sums",
+    "format_residual_stats",
+    "minisanity",
+    "pooled_chi2",
+    "reduced_chi2",
+    "residual_stats",
+]
 
 
 class IterationReport(NamedTuple):
@@ -21,18 +29,18 @@ class IterationReport(NamedTuple):
     sample_mode: str
     n_samples: int
     kl_energy: float
-    sampling_nit: list          # CG iterations per linear solve (empty for MAP)
-    nonlinear_nit: list         # Newton iterations per geoVI update (empty if linear)
+    sampling_nit: list  # CG iterations per linear solve (empty for MAP)
+    nonlinear_nit: list  # Newton iterations per geoVI update (empty if linear)
     kl_nit: int
     kl_cg_nit: int
     kl_status: int
-    chi2_likelihood: Optional[float]
+    chi2_likelihood: float | None
     chi2_prior: float
     wall_time: float
     # per sample solve, a Status code (int; 0 converged, 1 maxiter, 2 non-positive curvature, ...);
     # None where not recorded (histories of older checkpoints)
-    sampling_status: Optional[list] = None      # per linear CG solve (empty for MAP / a pure geoVI update)
-    nonlinear_status: Optional[list] = None     # per geoVI update (empty if linear)
+    sampling_status: list | None = None  # per linear CG solve (empty for MAP / a pure geoVI update)
+    nonlinear_status: list | None = None  # per geoVI update (empty if linear)
 
 
 def _real_dof(x) -> float:
@@ -53,12 +61,13 @@ def _normalized_residuals(samples: Samples, likelihood):
 
 def _leaf_stats(stacked):
     """Per leaf: (reduced chi^2 averaged over samples, std of it over samples, mean, dof)."""
+
     def one(x):
         x = jnp.asarray(x)
         axes = tuple(range(1, x.ndim))
         per_sample = jnp.mean(jnp.abs(x) ** 2, axis=axes) / _real_dof(x)
-        return (jnp.mean(per_sample), jnp.std(per_sample), jnp.mean(jnp.real(x)),
-                int(np.prod(x.shape[1:])))
+        return (jnp.mean(per_sample), jnp.std(per_sample), jnp.mean(jnp.real(x)), int(np.prod(x.shape[1:])))
+
     return jtu.tree_map(one, stacked)
 
 
@@ -81,8 +90,9 @@ def residual_stats(samples: Samples, likelihood=None):
 
 
 def _flat(tree):
-    items = jtu.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, tuple) and len(x) == 4
-                                       and isinstance(x[3], int))[0]
+    items = jtu.tree_flatten_with_path(
+        tree, is_leaf=lambda x: isinstance(x, tuple) and len(x) == 4 and isinstance(x[3], int)
+    )[0]
     return {(jtu.keystr(p) or "."): tuple(float(v) if i < 3 else v for i, v in enumerate(s)) for p, s in items}
 
 
@@ -106,10 +116,13 @@ def chi2_sums(samples: Samples, likelihood=None):
         a Python int counting every entry of every sample; ``likelihood`` is
         None without a ``likelihood`` or one without normalized residuals.
     """
+
     def pooled(tree):
         leaves = jtu.tree_leaves(tree)
-        return (sum(jnp.sum(jnp.abs(x) ** 2) / _real_dof(x) for x in leaves),
-                sum(int(np.prod(x.shape)) for x in leaves))
+        return (
+            sum(jnp.sum(jnp.abs(x) ** 2) / _real_dof(x) for x in leaves),
+            sum(int(np.prod(x.shape)) for x in leaves),
+        )
 
     nres = _normalized_residuals(samples, likelihood)
     return (None if nres is None else pooled(nres)), pooled(samples.samples)
@@ -139,6 +152,7 @@ def _check_minisanity_inputs(samples, likelihood) -> None:
     """``samples`` a Samples; ``likelihood`` None or a Likelihood on the samples' latent space."""
     from ..models.model import check_latent
     from .likelihood import Likelihood
+
     if not isinstance(samples, Samples):
         raise TypeError(f"samples must be a shardvi Samples, got {type(samples).__name__}")
     if likelihood is None:
@@ -148,8 +162,10 @@ def _check_minisanity_inputs(samples, likelihood) -> None:
     try:
         check_latent(samples.pos, likelihood.domain, "samples.pos", finite=False)
     except (TypeError, ValueError) as err:
-        raise ValueError(f"likelihood: its domain does not match the samples (is it amended with the model "
-                         f"the samples belong to?): {err}") from None
+        raise ValueError(
+            f"likelihood: its domain does not match the samples (is it amended with the model "
+            f"the samples belong to?): {err}"
+        ) from None
 
 
 def _row_name(section: str, path: str) -> str:

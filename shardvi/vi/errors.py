@@ -1,4 +1,5 @@
 """The errors a global iteration raises; the last good samples and state are untouched."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,8 +23,10 @@ class NonFiniteError(FloatingPointError):
 
     def __init__(self, iteration: int, stage: str, detail: str):
         self.iteration, self.stage = iteration, stage
-        super().__init__(f"non-finite values in {stage} at iteration {iteration}: {detail}. The samples and "
-                         f"state of iteration {iteration} (and its checkpoint, if any) are unchanged.")
+        super().__init__(
+            f"non-finite values in {stage} at iteration {iteration}: {detail}. The samples and "
+            f"state of iteration {iteration} (and its checkpoint, if any) are unchanged."
+        )
 
 
 class NonPositiveCurvatureError(ValueError):
@@ -53,7 +56,8 @@ class NonPositiveCurvatureError(ValueError):
             f"positive definite, so the likelihood's Fisher metric F is not positive semi-definite. Check the "
             f"likelihood (a callable noise_cov_inv must be positive definite and noise_std_inv its symmetric "
             f"square root). The samples and state of iteration {iteration} (and its checkpoint, if any) are "
-            f"unchanged.")
+            f"unchanged."
+        )
 
 
 def check_sampling_finite(finite, status, nit: int, stage: str) -> None:
@@ -73,8 +77,9 @@ def check_sampling_finite(finite, status, nit: int, stage: str) -> None:
     bad = np.asarray(status) == Status.NONFINITE
     if bad.any() or not bool(finite):
         which = np.nonzero(bad)[0].tolist()
-        raise NonFiniteError(nit, stage, f"the solver met nan/inf (sample solves {which})" if which
-                             else "a residual is nan/inf")
+        raise NonFiniteError(
+            nit, stage, f"the solver met nan/inf (sample solves {which})" if which else "a residual is nan/inf"
+        )
 
 
 def check_kl_result(status, finite, nit: int) -> None:
@@ -90,7 +95,8 @@ def check_kl_result(status, finite, nit: int) -> None:
         The global iteration (0-based).
     """
     if int(status) == Status.NONFINITE or not bool(finite):
-        raise NonFiniteError(nit, "KL minimization", f"the KL energy or its gradient is nan/inf "
-                             f"(status: {status_message(status)})")
+        raise NonFiniteError(
+            nit, "KL minimization", f"the KL energy or its gradient is nan/inf (status: {status_message(status)})"
+        )
     if int(status) == Status.NONPOSITIVE_CURVATURE:  # Newton-CG on the metric, which must be >= I
         raise NonPositiveCurvatureError(nit, "KL minimization")

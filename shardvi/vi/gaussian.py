@@ -1,7 +1,8 @@
 """Gaussian likelihood with known noise."""
+
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import numpy as np
 from jax import tree_util as jtu
@@ -46,7 +47,7 @@ class Gaussian(Likelihood):
         The diagonal ``N^{-1}`` and its square root, or the callables.
     """
 
-    def __init__(self, data, noise_std=None, noise_cov_inv=None, *, noise_std_inv: Optional[Callable] = None):
+    def __init__(self, data, noise_std=None, noise_cov_inv=None, *, noise_std_inv: Callable | None = None):
         d = finite_data(data, "data")
         if (noise_std is None) == (noise_cov_inv is None):
             raise ValueError("give exactly one of noise_std and noise_cov_inv")
@@ -55,7 +56,7 @@ class Gaussian(Likelihood):
         if noise_std is not None:
             std = positive_like(noise_std, d, "noise_std", inverse_square=True)  # 1/std**2 finite in d's dtype
             self.noise_std = to_device(std)
-            self.inv_std = to_device(jtu.tree_map(lambda x: 1.0 / x, std))   # in NumPy: correctly rounded
+            self.inv_std = to_device(jtu.tree_map(lambda x: 1.0 / x, std))  # in NumPy: correctly rounded
         elif callable(noise_cov_inv):
             if not callable(noise_std_inv):
                 raise ValueError("a callable noise_cov_inv needs noise_std_inv (r -> N^{-1/2} r) as well")
@@ -64,7 +65,7 @@ class Gaussian(Likelihood):
             prec_host = positive_like(noise_cov_inv, d, "noise_cov_inv")
             self.noise_cov_inv = to_device(prec_host)
             self.sqrt_noise_cov_inv = to_device(jtu.tree_map(np.sqrt, prec_host))
-        self._finish_init(domain_of(d))
+        self.set_domain(domain_of(d))
 
     def _n_inv(self, r):
         if self.inv_std is not None:

@@ -1,4 +1,5 @@
 """Standard Hamiltonian and the sample-averaged KL with its metric."""
+
 from __future__ import annotations
 
 import jax
@@ -36,15 +37,16 @@ def kl_value_and_grad(lh: Likelihood, pos, residuals, strategy):
     if _n(residuals) == 0:
         return vg(lh, pos)
     # the likelihood is passed to the strategy as a broadcast argument (its arrays are never closed over)
-    return map_mean(strategy, lambda l, p, r: vg(l, tm.add(p, r)), (None, None, 0))(lh, pos, residuals)
+    return map_mean(strategy, lambda lik, p, r: vg(lik, tm.add(p, r)), (None, None, 0))(lh, pos, residuals)
 
 
 def kl_metric(lh: Likelihood, pos, residuals, tangent, strategy):
     """Sample-averaged metric ``mean_i M(pos + r_i) t``."""
     if _n(residuals) == 0:
         return hamiltonian_metric(lh, pos, tangent)
-    return map_mean(strategy, lambda l, p, r, t: hamiltonian_metric(l, tm.add(p, r), t),
-                    (None, None, 0, None))(lh, pos, residuals, tangent)
+    return map_mean(strategy, lambda lik, p, r, t: hamiltonian_metric(lik, tm.add(p, r), t), (None, None, 0, None))(
+        lh, pos, residuals, tangent
+    )
 
 
 def _n(residuals) -> int:

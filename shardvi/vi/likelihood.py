@@ -3,10 +3,12 @@
 ``Likelihood`` is the base class (a :class:`~shardvi.Module`: its arrays are pytree leaves);
 ``AmendedLikelihood`` and ``SumLikelihood`` are what ``amend`` and ``+`` build.
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Self
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +45,8 @@ def _check_same_dtypes(target, domain) -> None:
             raise TypeError(
                 f"model output dtype does not match the likelihood's data at {leaf}: the model gives "
                 f"{jnp.dtype(t.dtype).name}, the data are {jnp.dtype(d.dtype).name}; cast the data "
-                f"(e.g. np.asarray(data, {jnp.dtype(t.dtype).name})) or build the model in the data's dtype")
+                f"(e.g. np.asarray(data, {jnp.dtype(t.dtype).name})) or build the model in the data's dtype"
+            )
 
 
 def _overrides(obj, name: str) -> bool:
@@ -77,7 +80,7 @@ class Likelihood(Module):
     :meth:`transformation`; optionally :meth:`metric` /
     :meth:`metric_operator`, :meth:`left_sqrt_metric` (then also set
     ``self.lsm_tangents_shape``) and :meth:`normalized_residual`. Call
-    :meth:`_finish_init` at the end of ``__init__``.
+    :meth:`set_domain` at the end of ``__init__``.
 
     Built from functions
     --------------------
@@ -106,19 +109,18 @@ class Likelihood(Module):
         unknown parts.
     """
 
-    def __new__(cls, *args, **kwargs):
+    def __new__(cls, *args, **kwargs) -> Self:
         if cls is Likelihood:  # Likelihood(energy, ...): a likelihood built from functions
-            return object.__new__(FunctionLikelihood)
+            return object.__new__(FunctionLikelihood)  # pyright: ignore[reportReturnType] -- a Likelihood subclass
         return object.__new__(cls)
 
-    def _finish_init(self, domain, lsm_tangents_shape=None) -> None:
+    def set_domain(self, domain, lsm_tangents_shape=None) -> None:
         """Set ``domain`` (validated) and ``lsm_tangents_shape`` (default: the shape of ``T(s)``)."""
         self.domain = normalize_domain(domain)
         if lsm_tangents_shape is None and self.has_transformation:
             lsm_tangents_shape = jax.eval_shape(self.transformation, self.domain)
         if lsm_tangents_shape is None and _overrides(self, "left_sqrt_metric"):
-            raise ValueError("lsm_tangents_shape is required with an explicit left_sqrt_metric "
-                             "and no transformation")
+            raise ValueError("lsm_tangents_shape is required with an explicit left_sqrt_metric and no transformation")
         self.lsm_tangents_shape = lsm_tangents_shape
 
     # -- core maps -------------------------------------------------------------------------
@@ -153,8 +155,9 @@ class Likelihood(Module):
     def left_sqrt_metric(self, s, e):
         """``L(s) e`` with ``L L^T = F(s)``; a standard normal ``e`` gives ``N(0, F)``."""
         if not self.has_transformation:
-            raise NotImplementedError("this likelihood has neither a left_sqrt_metric nor a transformation "
-                                      "(one is needed to draw samples)")
+            raise NotImplementedError(
+                "this likelihood has neither a left_sqrt_metric nor a transformation (one is needed to draw samples)"
+            )
         _, vjp = jax.vjp(self.transformation, s)
         return tm.linear_adjoint(vjp)(e)
 
@@ -175,7 +178,7 @@ class Likelihood(Module):
         return None
 
     # -- composition -----------------------------------------------------------------------
-    def amend(self, model) -> "AmendedLikelihood":
+    def amend(self, model) -> AmendedLikelihood:
         """This likelihood pulled back to the latent space of ``model``.
 
         The metric becomes ``J^T F J`` and the left square root ``J^T L`` with
@@ -185,7 +188,7 @@ class Likelihood(Module):
         """
         return AmendedLikelihood(self, model)
 
-    def __add__(self, other: "Likelihood") -> "SumLikelihood":
+    def __add__(self, other: Likelihood) -> SumLikelihood:
         """Sum of independent likelihoods (energies and metrics add).
 
         Both must live on the same domain, or both on dicts whose entries agree
@@ -204,15 +207,28 @@ class FunctionLikelihood(Likelihood):
     (optional) describes the data for checkpoint fingerprints.
     """
 
-    def __init__(self, energy: Callable, transformation: Optional[Callable] = None, *, domain,
-                 metric: Optional[Callable] = None, left_sqrt_metric: Optional[Callable] = None,
-                 lsm_tangents_shape=None, normalized_residual: Optional[Callable] = None,
-                 metric_operator: Optional[Callable] = None, data_leaves=None):
+    def __init__(
+        self,
+        energy: Callable,
+        transformation: Callable | None = None,
+        *,
+        domain,
+        metric: Callable | None = None,
+        left_sqrt_metric: Callable | None = None,
+        lsm_tangents_shape=None,
+        normalized_residual: Callable | None = None,
+        metric_operator: Callable | None = None,
+        data_leaves=None,
+    ):
         if not callable(energy):
             raise TypeError(f"energy must be callable, got {type(energy).__name__}")
-        for name, fn in (("transformation", transformation), ("metric", metric),
-                         ("left_sqrt_metric", left_sqrt_metric), ("normalized_residual", normalized_residual),
-                         ("metric_operator", metric_operator)):
+        for name, fn in (
+            ("transformation", transformation),
+            ("metric", metric),
+            ("left_sqrt_metric", left_sqrt_metric),
+            ("normalized_residual", normalized_residual),
+            ("metric_operator", metric_operator),
+        ):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be callable or None, got {type(fn).__name__}")
         self._energy = energy
@@ -222,15 +238,14 @@ class FunctionLikelihood(Likelihood):
         self._lsm = left_sqrt_metric
         self._normalized_residual = normalized_residual
         self._data_leaves = _Opaque(data_leaves)
-        self._finish_init(domain, lsm_tangents_shape)
+        self.set_domain(domain, lsm_tangents_shape)
 
-    def _finish_init(self, domain, lsm_tangents_shape=None) -> None:
+    def set_domain(self, domain, lsm_tangents_shape=None) -> None:
         self.domain = normalize_domain(domain)
         if lsm_tangents_shape is None and self._transformation is not None:
             lsm_tangents_shape = jax.eval_shape(self._transformation, self.domain)
         if lsm_tangents_shape is None and self._lsm is not None:
-            raise ValueError("lsm_tangents_shape is required with an explicit left_sqrt_metric "
-                             "and no transformation")
+            raise ValueError("lsm_tangents_shape is required with an explicit left_sqrt_metric and no transformation")
         self.lsm_tangents_shape = lsm_tangents_shape
 
     def energy(self, s):
@@ -298,7 +313,8 @@ class AmendedLikelihood(Likelihood):
         if _shape_tree(model.target) != _shape_tree(likelihood.domain):
             raise ValueError(
                 "model output does not match the likelihood's data: model.target is "
-                f"{_shape_tree(model.target)}, likelihood expects {_shape_tree(likelihood.domain)}")
+                f"{_shape_tree(model.target)}, likelihood expects {_shape_tree(likelihood.domain)}"
+            )
         _check_same_dtypes(model.target, likelihood.domain)
         self.likelihood = likelihood
         self.model = model
@@ -323,8 +339,9 @@ class AmendedLikelihood(Likelihood):
 
     def left_sqrt_metric(self, xi, e):
         if self.lsm_tangents_shape is None:
-            raise NotImplementedError("this likelihood has neither a left_sqrt_metric nor a transformation "
-                                      "(one is needed to draw samples)")
+            raise NotImplementedError(
+                "this likelihood has neither a left_sqrt_metric nor a transformation (one is needed to draw samples)"
+            )
         s, vjp = jax.vjp(self.model, xi)
         return tm.linear_adjoint(vjp)(self.likelihood.left_sqrt_metric(s, e))
 
@@ -353,8 +370,7 @@ class SumLikelihood(Likelihood):
 
     def __init__(self, a: Likelihood, b: Likelihood):
         if not isinstance(a, Likelihood) or not isinstance(b, Likelihood):
-            raise TypeError(f"both terms must be shardvi Likelihoods, got {type(a).__name__} and "
-                            f"{type(b).__name__}")
+            raise TypeError(f"both terms must be shardvi Likelihoods, got {type(a).__name__} and {type(b).__name__}")
         if _shape_tree(a.domain) == _shape_tree(b.domain):
             domain, keys_a, keys_b = a.domain, None, None
         elif isinstance(a.domain, dict) and isinstance(b.domain, dict):
@@ -363,8 +379,9 @@ class SumLikelihood(Likelihood):
                     raise ValueError(f"likelihoods disagree on the shape of domain entry {k!r}")
             domain, keys_a, keys_b = {**a.domain, **b.domain}, tuple(a.domain), tuple(b.domain)
         else:
-            raise ValueError("cannot add likelihoods on different domains: "
-                             f"{_shape_tree(a.domain)} vs {_shape_tree(b.domain)}")
+            raise ValueError(
+                f"cannot add likelihoods on different domains: {_shape_tree(a.domain)} vs {_shape_tree(b.domain)}"
+            )
         self.a, self.b = a, b
         self.keys_a, self.keys_b = keys_a, keys_b
         self.domain = domain
@@ -385,8 +402,7 @@ class SumLikelihood(Likelihood):
         return self.a.energy(self._part(self.keys_a, x)) + self.b.energy(self._part(self.keys_b, x))
 
     def transformation(self, x):
-        return (self.a.transformation(self._part(self.keys_a, x)),
-                self.b.transformation(self._part(self.keys_b, x)))
+        return (self.a.transformation(self._part(self.keys_a, x)), self.b.transformation(self._part(self.keys_b, x)))
 
     def metric(self, x, t):
         return self.metric_operator(x)(t)
@@ -398,15 +414,20 @@ class SumLikelihood(Likelihood):
 
     def left_sqrt_metric(self, x, e):
         if self.lsm_tangents_shape is None:
-            raise NotImplementedError("this likelihood has neither a left_sqrt_metric nor a transformation "
-                                      "(one is needed to draw samples)")
+            raise NotImplementedError(
+                "this likelihood has neither a left_sqrt_metric nor a transformation (one is needed to draw samples)"
+            )
         ka, kb = self.keys_a, self.keys_b
-        return tm.add(self._lift(ka, self.a.left_sqrt_metric(self._part(ka, x), e[0]), x),
-                      self._lift(kb, self.b.left_sqrt_metric(self._part(kb, x), e[1]), x))
+        return tm.add(
+            self._lift(ka, self.a.left_sqrt_metric(self._part(ka, x), e[0]), x),
+            self._lift(kb, self.b.left_sqrt_metric(self._part(kb, x), e[1]), x),
+        )
 
     def normalized_residual(self, x):
-        return (self.a.normalized_residual(self._part(self.keys_a, x)),
-                self.b.normalized_residual(self._part(self.keys_b, x)))
+        return (
+            self.a.normalized_residual(self._part(self.keys_a, x)),
+            self.b.normalized_residual(self._part(self.keys_b, x)),
+        )
 
     @property
     def has_transformation(self) -> bool:

@@ -1,4 +1,5 @@
 """Static selections of latent entries (point estimates, constants)."""
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -18,19 +19,21 @@ def parse_selection(spec, domain, argname: str):
         return jtu.tree_unflatten(treedef, [False] * treedef.num_leaves)
     if isinstance(spec, (tuple, list, set, frozenset)) and all(isinstance(k, str) for k in spec):
         if not isinstance(domain, dict):
-            raise TypeError(f"{argname} given as keys {tuple(spec)} needs a dict latent domain, "
-                            f"got {type(domain).__name__}")
+            raise TypeError(
+                f"{argname} given as keys {tuple(spec)} needs a dict latent domain, got {type(domain).__name__}"
+            )
         unknown = sorted(set(spec) - set(domain))
         if unknown:
             raise ValueError(f"{argname} names unknown latent keys {unknown}; known: {sorted(domain)}")
-        return {k: jtu.tree_map(lambda _: k in spec, v) for k, v in domain.items()}
+        return {k: jtu.tree_map(lambda _: k in spec, v) for k, v in domain.items()}  # noqa: B023 -- called at once
     if isinstance(spec, str):
         raise TypeError(f"{argname} must be a sequence of keys, not a single string {spec!r}")
     try:
         leaves = treedef.flatten_up_to(spec)
     except (ValueError, TypeError) as err:
-        raise ValueError(f"{argname} must be a sequence of dict keys or a pytree of bools with the "
-                         f"latent structure {treedef}") from err
+        raise ValueError(
+            f"{argname} must be a sequence of dict keys or a pytree of bools with the latent structure {treedef}"
+        ) from err
     if not all(isinstance(b, bool) for b in leaves):
         raise TypeError(f"{argname} pytree leaves must be Python bools")
     return jtu.tree_unflatten(treedef, leaves)

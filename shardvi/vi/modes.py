@@ -1,4 +1,5 @@
 """Sample modes of ``optimize_kl`` and the policy that turns a mode into an action."""
+
 from __future__ import annotations
 
 import enum

@@ -1,11 +1,12 @@
 """The MGVI / geoVI driver: sample, minimize the sample-averaged KL, repeat."""
+
 from __future__ import annotations
 
 import contextlib
 import functools
 import logging
 import time
-from typing import Callable, Optional, Union
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +23,7 @@ from ..parallel.reproducible import (
     engine_compiler_options,
     reproducible_jit,
 )
-from ..parallel.strategy import Placed, get_strategy, place
+from ..parallel.strategy import Placed, Strategy, get_strategy, place
 from . import checkpoint as ckpt
 from .diagnostics import IterationReport, chi2_sums, reduced_chi2
 from .errors import (
@@ -71,12 +72,13 @@ def _interleave(r):
 
 def _with_progress(method):
     """Run ``method(self, samples, state, ...)`` inside a progress display (see :mod:`.progress`)."""
-    leave = method.__name__ == "run"   # a single update's bar is erased when it closes
+    leave = method.__name__ == "run"  # a single update's bar is erased when it closes
 
     @functools.wraps(method)
     def wrapper(self, samples, state, *args, **kwargs):
         with self._progress_scope(leave):
             return method(self, samples, state, *args, **kwargs)
+
     return wrapper
 
 
@@ -108,16 +110,35 @@ class OptimizeVI:
     Parameters are those of :func:`optimize_kl` without position/key/checkpointing.
     """
 
-    def __init__(self, likelihood: Likelihood, n_total_iterations: int, *,
-                 n_samples: Union[int, Callable[[int], int]],
-                 sample_mode: Union[str, Callable[[int], str]] = "nonlinear_resample",
-                 mirror_samples: bool = True, point_estimates=(), constants=(),
-                 linear_sampling=DEFAULT_LINEAR_SAMPLING, nonlinear_update=DEFAULT_NONLINEAR_UPDATE,
-                 kl_minimization=DEFAULT_KL_MINIMIZATION, sample_map="vmap", kl_map="vmap", devices=None,
-                 compiler_options=None, progress: Union[bool, str, Progress, None] = "auto"):
-        check_run_arguments(likelihood, n_total_iterations, n_samples=n_samples, sample_mode=sample_mode,
-                            mirror_samples=mirror_samples, linear_sampling=linear_sampling,
-                            nonlinear_update=nonlinear_update, kl_minimization=kl_minimization)
+    def __init__(
+        self,
+        likelihood: Likelihood,
+        n_total_iterations: int,
+        *,
+        n_samples: int | Callable[[int], int],
+        sample_mode: str | Callable[[int], str] = "nonlinear_resample",
+        mirror_samples: bool = True,
+        point_estimates=(),
+        constants=(),
+        linear_sampling=DEFAULT_LINEAR_SAMPLING,
+        nonlinear_update=DEFAULT_NONLINEAR_UPDATE,
+        kl_minimization=DEFAULT_KL_MINIMIZATION,
+        sample_map: str | Strategy = "vmap",
+        kl_map: str | Strategy = "vmap",
+        devices=None,
+        compiler_options=None,
+        progress: bool | str | Progress | None = "auto",
+    ):
+        check_run_arguments(
+            likelihood,
+            n_total_iterations,
+            n_samples=n_samples,
+            sample_mode=sample_mode,
+            mirror_samples=mirror_samples,
+            linear_sampling=linear_sampling,
+            nonlinear_update=nonlinear_update,
+            kl_minimization=kl_minimization,
+        )
         self.likelihood = likelihood
         self.n_total_iterations = int(n_total_iterations)
         self.n_samples = n_samples
@@ -127,16 +148,15 @@ class OptimizeVI:
         self.nonlinear_update = nonlinear_update
         self.kl_minimization = kl_minimization
         domain = likelihood.domain
-        self._sample_mask = jtu.tree_map(lambda b: not b, parse_selection(point_estimates, domain,
-                                                                           "point_estimates"))
+        self._sample_mask = jtu.tree_map(lambda b: not b, parse_selection(point_estimates, domain, "point_estimates"))
         self._opt_mask = jtu.tree_map(lambda b: not b, parse_selection(constants, domain, "constants"))
         devices = check_devices(devices, "devices")  # a generator is read once, here
         self.sample_strategy = get_strategy(sample_map, "sample_map", devices)
         self.kl_strategy = get_strategy(kl_map, "kl_map", devices)
         self.compiler_options = check_compiler_options(compiler_options, "compiler_options")
         self.progress = check_progress(progress, "progress")
-        self._display = None          # the open progress display (inside run / update)
-        self._seen_steps = set()      # (step, config, sample count) already run: compiled
+        self._display = None  # the open progress display (inside run / update)
+        self._seen_steps = set()  # (step, config, sample count) already run: compiled
         self._build()
 
     # -- compiled pieces -----------------------------------------------------------------------
@@ -146,13 +166,14 @@ class OptimizeVI:
 
         # the likelihood (data, noise, model arrays) is an argument of every step, never a constant
         def draw_linear(lh, pos, keys, config):
-            fn = lambda l, p, k: draw_linear_residual(l, p, k, config, sample_mask=smask)  # noqa: E731
+            fn = lambda lik, p, k: draw_linear_residual(lik, p, k, config, sample_mask=smask)  # noqa: E731
             r, info = sstrat.map(fn, (None, None, 0))(lh, pos, keys)
             return r, info.nit, info.status, tm.all_finite(r)
 
         def curve(lh, pos, residuals, keys, signs, config):
-            fn = lambda l, p, r, k, s: nonlinearly_update_residual(  # noqa: E731
-                l, p, r, k, s, config, sample_mask=smask)
+            fn = lambda lik, p, r, k, s: nonlinearly_update_residual(  # noqa: E731
+                lik, p, r, k, s, config, sample_mask=smask
+            )
             r, info = sstrat.map(fn, (None, None, 0, 0, 0))(lh, pos, residuals, keys, signs)
             return r, info.nit, info.status, tm.all_finite(r)
 
@@ -167,8 +188,10 @@ class OptimizeVI:
             # the metric mean_i M(pos + r_i) >= I: non-positive curvature means a broken likelihood metric
             res = config.minimize(fun_and_grad, hessp, pos, min_curvature=1.0)
             if not isinstance(res, Solution):
-                raise TypeError(f"kl_minimization: {type(config).__name__}.minimize must return a "
-                                f"shardvi.minimizers.Solution, got {type(res).__name__}")
+                raise TypeError(
+                    f"kl_minimization: {type(config).__name__}.minimize must return a "
+                    f"shardvi.minimizers.Solution, got {type(res).__name__}"
+                )
             # the finiteness check runs here, compiled with the step (not as eager ops on the host)
             return res, tm.all_finite(res.x) & jnp.isfinite(res.fun)
 
@@ -178,7 +201,7 @@ class OptimizeVI:
         # reproducible_jit: the same arithmetic, bitwise, on any device count and for every strategy;
         # Placed: inputs placed by the strategy that computes on them (same sharding every call: no recompiles)
         rjit = functools.partial(reproducible_jit, static_argnames="config", compiler_options=self.compiler_options)
-        lh_s, lh_k = place(sstrat, self.likelihood), place(kstrat, self.likelihood)   # transferred once
+        lh_s, lh_k = place(sstrat, self.likelihood), place(kstrat, self.likelihood)  # transferred once
         self._draw_linear = _WithLikelihood(Placed(sstrat, rjit(draw_linear)), lh_s)
         self._curve = _WithLikelihood(Placed(sstrat, rjit(curve)), lh_s)
         self._minimize = _WithLikelihood(Placed(kstrat, rjit(minimize)), lh_k)
@@ -217,12 +240,18 @@ class OptimizeVI:
 
     def _settings(self, nit) -> IterationSettings:
         """The settings of iteration ``nit`` (``(mode, n, linear, nonlinear, kl)``), evaluated and checked."""
-        return settings_at(nit, sample_mode=self.sample_mode, n_samples=self.n_samples,
-                           linear_sampling=self.linear_sampling, nonlinear_update=self.nonlinear_update,
-                           kl_minimization=self.kl_minimization)
+        return settings_at(
+            nit,
+            sample_mode=self.sample_mode,
+            n_samples=self.n_samples,
+            linear_sampling=self.linear_sampling,
+            nonlinear_update=self.nonlinear_update,
+            kl_minimization=self.kl_minimization,
+        )
 
-    def draw_samples(self, samples: Samples, key, mode: SampleMode, n: int, lin: CGConfig,
-                     nonlin: NewtonCGConfig, iteration: int = 0):
+    def draw_samples(
+        self, samples: Samples, key, mode: SampleMode, n: int, lin: CGConfig, nonlin: NewtonCGConfig, iteration: int = 0
+    ):
         """Residuals around ``samples.pos`` for one iteration.
 
         Returns ``(Samples, cg_nit, newton_nit, mode, cg_status, newton_status)``
@@ -245,8 +274,14 @@ class OptimizeVI:
             self._stage("geoVI update", ("curve", nonlin, n))
             r, nl_nit, st, ok = self._curve(pos, samples.residuals, self._expand(keys), signs, config=nonlin)
             check_sampling_finite(ok, st, iteration, "sampling (geoVI update)")
-            nl_st = sample_status(st, iteration, self.n_total_iterations, "sampling (geoVI update)",
-                                  "nonlinear_update", metric_must_be_pd=False)
+            nl_st = sample_status(
+                st,
+                iteration,
+                self.n_total_iterations,
+                "sampling (geoVI update)",
+                "nonlinear_update",
+                metric_must_be_pd=False,
+            )
             return Samples(pos, r, keys), [], np.asarray(nl_nit).tolist(), plan.mode, [], nl_st
         if plan.fallback:
             logger.info("nonlinear_update without previous samples of the same count: drawing fresh ones")
@@ -255,8 +290,14 @@ class OptimizeVI:
         self._stage("MGVI sampling", ("draw", lin, n))
         r, cg_nit, st, ok = self._draw_linear(pos, keys, config=lin)
         check_sampling_finite(ok, st, iteration, "sampling (MGVI linear CG)")
-        cg_st = sample_status(st, iteration, self.n_total_iterations, "sampling (MGVI linear CG)", "linear_sampling",
-                              metric_must_be_pd=True)
+        cg_st = sample_status(
+            st,
+            iteration,
+            self.n_total_iterations,
+            "sampling (MGVI linear CG)",
+            "linear_sampling",
+            metric_must_be_pd=True,
+        )
         if self.mirror_samples:
             r = self._interleave(r)
         nl_nit, nl_st = [], []
@@ -265,8 +306,14 @@ class OptimizeVI:
             r, nl, st, ok = self._curve(pos, r, self._expand(keys), self._signs(n), config=nonlin)
             check_sampling_finite(ok, st, iteration, "sampling (geoVI update)")
             nl_nit = np.asarray(nl).tolist()
-            nl_st = sample_status(st, iteration, self.n_total_iterations, "sampling (geoVI update)",
-                                  "nonlinear_update", metric_must_be_pd=False)
+            nl_st = sample_status(
+                st,
+                iteration,
+                self.n_total_iterations,
+                "sampling (geoVI update)",
+                "nonlinear_update",
+                metric_must_be_pd=False,
+            )
         return Samples(pos, r, keys), np.asarray(cg_nit).tolist(), nl_nit, mode, cg_st, nl_st
 
     def _expand(self, keys):
@@ -281,11 +328,12 @@ class OptimizeVI:
         """One global iteration: draw/update samples, then minimize the KL."""
         t0 = time.perf_counter()
         nit = state.nit
-        self._display.start_iteration(nit, self.n_total_iterations)
+        display = self._display
+        assert display is not None  # opened by @_with_progress
+        display.start_iteration(nit, self.n_total_iterations)
         mode, n, lin, nonlin, klc = self._settings(nit)
         key, k_samples = jax.random.split(state.key)
-        samples, cg_nit, nl_nit, mode, cg_st, nl_st = self.draw_samples(samples, k_samples, mode, n, lin,
-                                                                        nonlin, nit)
+        samples, cg_nit, nl_nit, mode, cg_st, nl_st = self.draw_samples(samples, k_samples, mode, n, lin, nonlin, nit)
         samples = place(self.kl_strategy, samples)  # pos, residuals and keys on the same devices
         self._stage("KL minimization", ("kl", klc, n))
         res, ok = self._minimize(samples.pos, samples.residuals, config=klc)
@@ -294,18 +342,36 @@ class OptimizeVI:
         stats = self._diagnostics(samples.pos, samples.residuals)
         chi2_lh = reduced_chi2(stats[0]) if stats[0] is not None else None
         report = IterationReport(
-            iteration=nit + 1, sample_mode=mode.value, n_samples=n, kl_energy=float(res.fun),
-            sampling_nit=cg_nit, nonlinear_nit=nl_nit, kl_nit=int(res.nit), kl_cg_nit=int(res.ncg),
-            kl_status=int(res.status), chi2_likelihood=chi2_lh, chi2_prior=reduced_chi2(stats[1]),
-            wall_time=time.perf_counter() - t0, sampling_status=cg_st, nonlinear_status=nl_st)
+            iteration=nit + 1,
+            sample_mode=mode.value,
+            n_samples=n,
+            kl_energy=float(res.fun),
+            sampling_nit=cg_nit,
+            nonlinear_nit=nl_nit,
+            kl_nit=int(res.nit),
+            kl_cg_nit=int(res.ncg),
+            kl_status=int(res.status),
+            chi2_likelihood=chi2_lh,
+            chi2_prior=reduced_chi2(stats[1]),
+            wall_time=time.perf_counter() - t0,
+            sampling_status=cg_st,
+            nonlinear_status=nl_st,
+        )
         line = format_report(report, self.n_total_iterations)
         logger.info(line)
-        self._display.end_iteration(nit, self.n_total_iterations, line)
+        display.end_iteration(nit, self.n_total_iterations, line)
         return samples, OptimizeVIState(nit=nit + 1, key=key, history=state.history + (report,))
 
     @_with_progress
-    def run(self, samples: Samples, state: OptimizeVIState, *, checkpoint_dir=None, callback=None,
-            fingerprint: Optional[dict] = None):
+    def run(
+        self,
+        samples: Samples,
+        state: OptimizeVIState,
+        *,
+        checkpoint_dir=None,
+        callback=None,
+        fingerprint: dict | None = None,
+    ):
         """Iterate :meth:`update` until ``n_total_iterations``, checkpointing after each.
 
         With ``checkpoint_dir``, the directory's lock is held for the whole
@@ -315,7 +381,7 @@ class OptimizeVI:
         """
         lock = contextlib.nullcontext()
         if checkpoint_dir is not None:
-            checkpoint_dir = ckpt.prepare_checkpoint_dir(checkpoint_dir)   # before iteration 0
+            checkpoint_dir = ckpt.prepare_checkpoint_dir(checkpoint_dir)  # before iteration 0
             if fingerprint is None:
                 fingerprint = _run_fingerprint(self, samples.pos)
             lock = ckpt.checkpoint_lock(checkpoint_dir)
@@ -330,14 +396,30 @@ class OptimizeVI:
         return samples, state
 
 
-def optimize_kl(likelihood: Likelihood, position, *, key, n_total_iterations: int, n_samples,
-                sample_mode="nonlinear_resample", mirror_samples: bool = True, point_estimates=(),
-                constants=(), linear_sampling=DEFAULT_LINEAR_SAMPLING,
-                nonlinear_update=DEFAULT_NONLINEAR_UPDATE, kl_minimization=DEFAULT_KL_MINIMIZATION,
-                sample_map="vmap", kl_map="vmap", devices=None, checkpoint_dir: Optional[str] = None,
-                resume: Union[bool, str] = False, overwrite: bool = False, callback: Optional[Callable] = None,
-                compiler_options: Optional[dict] = None,
-                progress: Union[bool, str, Progress, None] = "auto") -> tuple[Samples, OptimizeVIState]:
+def optimize_kl(
+    likelihood: Likelihood,
+    position,
+    *,
+    key,
+    n_total_iterations: int,
+    n_samples,
+    sample_mode: str | Callable[[int], str] = "nonlinear_resample",
+    mirror_samples: bool = True,
+    point_estimates=(),
+    constants=(),
+    linear_sampling=DEFAULT_LINEAR_SAMPLING,
+    nonlinear_update=DEFAULT_NONLINEAR_UPDATE,
+    kl_minimization=DEFAULT_KL_MINIMIZATION,
+    sample_map: str | Strategy = "vmap",
+    kl_map: str | Strategy = "vmap",
+    devices=None,
+    checkpoint_dir: str | None = None,
+    resume: bool | str = False,
+    overwrite: bool = False,
+    callback: Callable | None = None,
+    compiler_options: dict | None = None,
+    progress: bool | str | Progress | None = "auto",
+) -> tuple[Samples, OptimizeVIState]:
     """Approximate the posterior with MGVI / geoVI.
 
     Parameters
@@ -418,11 +500,23 @@ def optimize_kl(likelihood: Likelihood, position, *, key, n_total_iterations: in
     -------
     (Samples, OptimizeVIState)
     """
-    opt = OptimizeVI(likelihood, n_total_iterations, n_samples=n_samples, sample_mode=sample_mode,
-                     mirror_samples=mirror_samples, point_estimates=point_estimates, constants=constants,
-                     linear_sampling=linear_sampling, nonlinear_update=nonlinear_update,
-                     kl_minimization=kl_minimization, sample_map=sample_map, kl_map=kl_map, devices=devices,
-                     compiler_options=compiler_options, progress=progress)
+    opt = OptimizeVI(
+        likelihood,
+        n_total_iterations,
+        n_samples=n_samples,
+        sample_mode=sample_mode,
+        mirror_samples=mirror_samples,
+        point_estimates=point_estimates,
+        constants=constants,
+        linear_sampling=linear_sampling,
+        nonlinear_update=nonlinear_update,
+        kl_minimization=kl_minimization,
+        sample_map=sample_map,
+        kl_map=kl_map,
+        devices=devices,
+        compiler_options=compiler_options,
+        progress=progress,
+    )
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable(samples, state), got {type(callback).__name__}")
     check_resume(resume, overwrite, checkpoint_dir)
@@ -435,14 +529,18 @@ def optimize_kl(likelihood: Likelihood, position, *, key, n_total_iterations: in
     state = opt.init_state(key)
     if checkpoint_dir is None:
         return opt.run(samples, state, callback=callback)
-    directory = ckpt.prepare_checkpoint_dir(checkpoint_dir)    # before iteration 0: created and writable
+    directory = ckpt.prepare_checkpoint_dir(checkpoint_dir)  # before iteration 0: created and writable
     fingerprint = _run_fingerprint(opt, pos)
-    with ckpt.checkpoint_lock(directory):                       # held until the run ends (or raises)
+    with ckpt.checkpoint_lock(directory):  # held until the run ends (or raises)
         if ckpt.has_checkpoint(directory):
             if resume:
                 samples, state = ckpt.load_checkpoint(
-                    directory, pos, fingerprint=fingerprint, force=resume == "force",
-                    check_history=functools.partial(_history_differences, opt))
+                    directory,
+                    pos,
+                    fingerprint=fingerprint,
+                    force=resume == "force",
+                    check_history=functools.partial(_history_differences, opt),
+                )
                 logger.info("resuming from %s at iteration %d", directory, state.nit)
             elif not overwrite:
                 raise ckpt.CheckpointError(_refusal(directory))
@@ -453,9 +551,13 @@ def optimize_kl(likelihood: Likelihood, position, *, key, n_total_iterations: in
 
 def _run_fingerprint(opt: OptimizeVI, pos) -> dict:
     """What a checkpoint of this run must match on resume (besides the per-iteration sample settings)."""
-    return ckpt.fingerprint(opt.likelihood, pos, mirror_samples=opt.mirror_samples,
-                            point_estimates=jtu.tree_map(lambda b: not b, opt._sample_mask),
-                            constants=jtu.tree_map(lambda b: not b, opt._opt_mask))
+    return ckpt.fingerprint(
+        opt.likelihood,
+        pos,
+        mirror_samples=opt.mirror_samples,
+        point_estimates=jtu.tree_map(lambda b: not b, opt._sample_mask),
+        constants=jtu.tree_map(lambda b: not b, opt._opt_mask),
+    )
 
 
 def _history_differences(opt: OptimizeVI, history) -> list:
@@ -476,8 +578,8 @@ def _refusal(directory: str) -> str:
         what = f"of iteration {ckpt.read_index(directory)['nit']}"
     except ckpt.CheckpointError:
         what = "with an unreadable index"
-    return (f"checkpoint_dir {directory!r} already holds a checkpoint {what}, and resume=False (the default) "
-            f"starts a new run that would replace it. Pass resume=True to continue it, overwrite=True to discard "
-            f"it and start afresh, or use another checkpoint_dir.")
-
-
+    return (
+        f"checkpoint_dir {directory!r} already holds a checkpoint {what}, and resume=False (the default) "
+        f"starts a new run that would replace it. Pass resume=True to continue it, overwrite=True to discard "
+        f"it and start afresh, or use another checkpoint_dir."
+    )

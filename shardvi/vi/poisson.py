@@ -1,11 +1,11 @@
 """Poisson likelihood for counts."""
+
 from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
 
-from .. import tree_math as tm
 from ._checks import domain_of, finite_data
 from .likelihood import Likelihood
 
@@ -34,7 +34,7 @@ class Poisson(Likelihood):
         if not all(bool(np.all(np.asarray(x) >= 0)) for x in jtu.tree_leaves(d)):
             raise ValueError("counts must be non-negative")
         self.counts = d
-        self._finish_init(domain_of(d))
+        self.set_domain(domain_of(d))
 
     def energy(self, s):
         parts = jtu.tree_map(lambda si, di: jnp.sum(si - di * jnp.log(si)), s, self.counts)

@@ -31,6 +31,7 @@ sample count and solver configuration: that is when JAX compiles it (later
 iterations with the same count and configuration reuse the compiled program).
 ``tqdm`` is imported only when a bar is shown.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,10 +39,17 @@ import logging
 import os
 import sys
 import threading
-from typing import Optional, TextIO
+from typing import TextIO
 
-__all__ = ["PROGRESS_MODES", "Progress", "LineProgress", "BarProgress", "check_progress", "open_display",
-           "logged_to_console"]
+__all__ = [
+    "PROGRESS_MODES",
+    "Progress",
+    "LineProgress",
+    "BarProgress",
+    "check_progress",
+    "open_display",
+    "logged_to_console",
+]
 
 PROGRESS_MODES = ("auto", "bar", "lines", "off")
 
@@ -79,8 +87,11 @@ def logged_to_console(logger_name: str = "shardvi") -> bool:
     node = logger
     while node is not None:
         for h in node.handlers:
-            if isinstance(h, logging.StreamHandler) and h.level <= logging.INFO \
-                    and id(getattr(h, "stream", None)) in consoles:
+            if (
+                isinstance(h, logging.StreamHandler)
+                and h.level <= logging.INFO
+                and id(getattr(h, "stream", None)) in consoles
+            ):
                 return True
         node = node.parent if node.propagate else None
     return False
@@ -97,7 +108,7 @@ class LineProgress(Progress):
     Skipped where logging already prints the line to the console (:func:`logged_to_console`).
     """
 
-    def __init__(self, stream: Optional[TextIO] = None):
+    def __init__(self, stream: TextIO | None = None):
         self._stream = stream
 
     def end_iteration(self, nit: int, total: int, line: str) -> None:
@@ -116,7 +127,7 @@ class BarProgress(Progress):
     ``tqdm.write`` (log lines appear above the bar instead of breaking it).
     """
 
-    def __init__(self, stream: Optional[TextIO] = None, refresh_s: float = 1.0, leave: bool = True):
+    def __init__(self, stream: TextIO | None = None, refresh_s: float = 1.0, leave: bool = True):
         self._stream = stream if stream is not None else sys.stderr
         self._refresh_s = float(refresh_s)
         self._leave = bool(leave)
@@ -130,18 +141,28 @@ class BarProgress(Progress):
     def _open(self, nit: int, total: int):
         from tqdm import tqdm  # imported only when a bar is shown
         from tqdm.contrib.logging import logging_redirect_tqdm
+
         self._redirect.enter_context(logging_redirect_tqdm())
         # tqdm draws nothing on a terminal that reports 0 columns or rows (some pseudo-terminals): fixed size there
         size = _terminal_size(self._stream)
         fixed = size is not None and min(size) == 0
         # the stage on the left: on a narrow terminal the bar shrinks first, the stage stays readable
-        self._bar = tqdm(total=total, initial=nit, desc=f"iteration {nit + 1}/{total}", unit="it",
-                         bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} "
-                                    "[{elapsed}<{remaining}, {rate_fmt}]",
-                         file=self._stream, leave=self._leave, smoothing=0.5, mininterval=0.0, dynamic_ncols=not fixed,
-                         ncols=(size[0] or 100) if fixed else None, nrows=20 if fixed else None)
+        self._bar = tqdm(
+            total=total,
+            initial=nit,
+            desc=f"iteration {nit + 1}/{total}",
+            unit="it",
+            bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]",
+            file=self._stream,
+            leave=self._leave,
+            smoothing=0.5,
+            mininterval=0.0,
+            dynamic_ncols=not fixed,
+            ncols=(size[0] or 100) if fixed and size is not None else None,
+            nrows=20 if fixed else None,
+        )
         if self._refresh_s > 0:
-            self._stop = threading.Event()      # a fresh one: the display may be reused for another run
+            self._stop = threading.Event()  # a fresh one: the display may be reused for another run
             self._ticker = threading.Thread(target=self._tick, name="shardvi-progress", daemon=True)
             self._ticker.start()
 
@@ -187,8 +208,10 @@ def check_progress(progress, argname: str = "progress"):
     if progress is True:
         return "auto"
     if not isinstance(progress, str):
-        raise TypeError(f"{argname} must be True, False, one of {PROGRESS_MODES} or a "
-                        f"shardvi.vi.progress.Progress instance, got {type(progress).__name__}")
+        raise TypeError(
+            f"{argname} must be True, False, one of {PROGRESS_MODES} or a "
+            f"shardvi.vi.progress.Progress instance, got {type(progress).__name__}"
+        )
     if progress not in PROGRESS_MODES:
         raise ValueError(f"{argname} must be True, False or one of {PROGRESS_MODES}, got {progress!r}")
     return progress
@@ -198,18 +221,18 @@ def _terminal_size(stream):
     """``(columns, lines)`` of the terminal of ``stream``; ``None`` without a file descriptor or terminal."""
     try:
         return tuple(os.get_terminal_size(stream.fileno()))
-    except (AttributeError, OSError, ValueError):   # no fileno (StringIO raises UnsupportedOperation, an OSError)
+    except (AttributeError, OSError, ValueError):  # no fileno (StringIO raises UnsupportedOperation, an OSError)
         return None
 
 
 def _isatty(stream) -> bool:
     try:
         return bool(stream.isatty())
-    except (AttributeError, ValueError):   # no isatty, or a closed stream
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
         return False
 
 
-def open_display(progress, stream: Optional[TextIO] = None, leave: bool = True) -> Progress:
+def open_display(progress, stream: TextIO | None = None, leave: bool = True) -> Progress:
     """The display for a ``progress`` value; ``"auto"`` looks at ``stream`` (default ``sys.stderr``).
 
     ``leave=False``: a bar is erased when closed (used for a single

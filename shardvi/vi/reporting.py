@@ -1,4 +1,5 @@
 """What a global iteration reports: per-sample solver statuses and the iteration's log line."""
+
 from __future__ import annotations
 
 import logging
@@ -39,9 +40,16 @@ def sample_status(status, nit, total, stage, config_name, *, metric_must_be_pd):
         if which:
             parts.append(f"{len(which)} at {what}" + ("" if len(which) == len(codes) else f" {_fmt_which(which)}"))
     if parts:
-        logger.warning("%s at iteration %d/%d: %d of %d sample solves did not converge (%s); see %s", stage,
-                       nit + 1, total, sum(c != Status.CONVERGED for c in codes), len(codes), ", ".join(parts),
-                       config_name)
+        logger.warning(
+            "%s at iteration %d/%d: %d of %d sample solves did not converge (%s); see %s",
+            stage,
+            nit + 1,
+            total,
+            sum(c != Status.CONVERGED for c in codes),
+            len(codes),
+            ", ".join(parts),
+            config_name,
+        )
     return codes
 
 
@@ -67,8 +75,10 @@ def _fmt_unconverged(status) -> str:
 def format_report(r: IterationReport, total: int) -> str:
     """The iteration's log line (``iteration i/total [mode, n pairs] KL ... | ... s``)."""
     lh = f"{r.chi2_likelihood:.3f}" if r.chi2_likelihood is not None else "-"
-    return (f"iteration {r.iteration}/{total} [{r.sample_mode}, {r.n_samples} pairs] "
-            f"KL {r.kl_energy:.6e} | sampling CG med/max {_fmt_nit(r.sampling_nit)}"
-            f"{_fmt_unconverged(r.sampling_status)} | geoVI Newton med/max {_fmt_nit(r.nonlinear_nit)}"
-            f"{_fmt_unconverged(r.nonlinear_status)} | KL Newton {r.kl_nit} (CG {r.kl_cg_nit}, "
-            f"{status_message(r.kl_status)}) | red.chi2 lh {lh} prior {r.chi2_prior:.3f} | {r.wall_time:.2f} s")
+    return (
+        f"iteration {r.iteration}/{total} [{r.sample_mode}, {r.n_samples} pairs] "
+        f"KL {r.kl_energy:.6e} | sampling CG med/max {_fmt_nit(r.sampling_nit)}"
+        f"{_fmt_unconverged(r.sampling_status)} | geoVI Newton med/max {_fmt_nit(r.nonlinear_nit)}"
+        f"{_fmt_unconverged(r.nonlinear_status)} | KL Newton {r.kl_nit} (CG {r.kl_cg_nit}, "
+        f"{status_message(r.kl_status)}) | red.chi2 lh {lh} prior {r.chi2_prior:.3f} | {r.wall_time:.2f} s"
+    )

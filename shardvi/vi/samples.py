@@ -1,7 +1,8 @@
 """Posterior samples: a position plus residuals with a leading sample axis."""
+
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +29,7 @@ def _dtype(x):
         return dtype
 
 
-def _check_like(x, ref, argname: str, refname: str, batch: Optional[int] = None) -> Optional[int]:
+def _check_like(x, ref, argname: str, refname: str, batch: int | None = None) -> int | None:
     """``x`` has ``ref``'s structure and, per leaf, shape (after a leading axis if ``batch``) and dtype.
 
     Returns the common leading-axis length when ``batch`` is requested
@@ -46,8 +47,10 @@ def _check_like(x, ref, argname: str, refname: str, batch: Optional[int] = None)
                 raise ValueError(f"{argname} leaf {i} has shape {sa}, expected {sr} (the shape of {refname})")
         else:
             if len(sa) != len(sr) + 1 or sa[1:] != sr:
-                raise ValueError(f"{argname} leaf {i} has shape {sa}, expected (n_samples, *{sr}): a leading "
-                                 f"sample axis in front of the shape of {refname}")
+                raise ValueError(
+                    f"{argname} leaf {i} has shape {sa}, expected (n_samples, *{sr}): a leading "
+                    f"sample axis in front of the shape of {refname}"
+                )
             lead.add(sa[0])
         da, dr = _dtype(a), _dtype(r)
         if da is not None and dr is not None and da != dr:
@@ -73,15 +76,20 @@ def check_samples(pos, residuals, keys=None) -> None:
         ``uint32`` key array of shape ``(n_keys, 2)``.
     """
     n = _check_like(residuals, pos, "residuals", "pos", batch=-1)
+    assert n is not None  # batch given: the length
     if keys is None:
         return
     kd, ks = _dtype(keys), _shape(keys)
     if kd != np.uint32 or len(ks) != 2 or ks[1] != 2:
-        raise TypeError(f"keys must be raw threefry keys, uint32 of shape (n_keys, 2) (e.g. "
-                        f"jax.random.split(jax.random.PRNGKey(0), n_keys)), got dtype {kd} shape {ks}")
+        raise TypeError(
+            f"keys must be raw threefry keys, uint32 of shape (n_keys, 2) (e.g. "
+            f"jax.random.split(jax.random.PRNGKey(0), n_keys)), got dtype {kd} shape {ks}"
+        )
     if ks[0] not in (n, n / 2) or (n == 0 and ks[0] != 0):
-        raise ValueError(f"keys holds {ks[0]} keys for {n} residuals: expected one key per residual or one per "
-                         f"antithetic pair ({n // 2 if n % 2 == 0 else 'n/a'}), or keys=None")
+        raise ValueError(
+            f"keys holds {ks[0]} keys for {n} residuals: expected one key per residual or one per "
+            f"antithetic pair ({n // 2 if n % 2 == 0 else 'n/a'}), or keys=None"
+        )
 
 
 @jtu.register_pytree_node_class
@@ -140,12 +148,12 @@ class Samples:
         stacked = self.samples
         n = max(len(self), 1)
         for i in range(n):
-            yield jtu.tree_map(lambda x: x[i], stacked)
+            yield jtu.tree_map(lambda x: x[i], stacked)  # noqa: B023 -- called at once
 
     def __getitem__(self, i):
         return jtu.tree_map(lambda x: x[i], self.samples)
 
-    def at(self, pos) -> "Samples":
+    def at(self, pos) -> Samples:
         """The same residuals around a new position (same structure, shapes and dtypes as ``self.pos``)."""
         _check_like(pos, self.pos, "pos", "samples.pos")
         return Samples(pos, self.residuals, self.keys)
@@ -154,11 +162,11 @@ class Samples:
         """``fn`` applied to every sample, stacked (vectorized with ``jax.vmap``)."""
         return jax.vmap(fn)(self.samples)
 
-    def mean(self, fn: Optional[Callable] = None):
+    def mean(self, fn: Callable | None = None):
         """Sample mean of ``fn(sample)`` (of the samples themselves if ``fn`` is None)."""
         return self.mean_and_std(fn)[0]
 
-    def mean_and_std(self, fn: Optional[Callable] = None, correct_bias: bool = True):
+    def mean_and_std(self, fn: Callable | None = None, correct_bias: bool = True):
         """Sample mean and standard deviation of ``fn(sample)``.
 
         ``correct_bias`` divides the variance by ``n - 1`` (``n > 1``).

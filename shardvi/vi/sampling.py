@@ -1,4 +1,5 @@
 """MGVI (linear) and geoVI (nonlinear) residuals for one antithetic pair."""
+
 from __future__ import annotations
 
 import jax
@@ -24,14 +25,16 @@ def _check_inputs(lh, pos, key, config, config_type, *, residual=None, sign=None
     if residual is not None:
         check_latent(residual, lh.domain, "residual", finite=False, exact_dtype=True)
     kdtype = getattr(key, "dtype", None)
-    typed = kdtype is not None and jax.dtypes.issubdtype(kdtype, jax.dtypes.prng_key)
+    typed = kdtype is not None and jax.dtypes.issubdtype(kdtype, jax.dtypes.prng_key)  # pyright: ignore[reportPrivateImportUsage] -- public jax API
     raw = not typed and kdtype == np.uint32
     if not ((typed and np.shape(key) == ()) or (raw and np.shape(key) == (2,))):
         is_batch = (typed and np.ndim(key) >= 1) or (raw and np.ndim(key) == 2 and np.shape(key)[1] == 2)
         batch = " (a batch of keys: these functions draw one residual; map them with jax.vmap)" if is_batch else ""
-        raise TypeError(f"key must be one jax.random key (PRNGKey(seed): uint32 of shape (2,), or a scalar "
-                        f"jax.random.key), got {type(key).__name__} of dtype {kdtype} and shape "
-                        f"{np.shape(key)}{batch}")
+        raise TypeError(
+            f"key must be one jax.random key (PRNGKey(seed): uint32 of shape (2,), or a scalar "
+            f"jax.random.key), got {type(key).__name__} of dtype {kdtype} and shape "
+            f"{np.shape(key)}{batch}"
+        )
     if sign is not None and (np.shape(sign) != () or isinstance(sign, bool)):
         raise TypeError(f"metric_sample_sign must be a scalar (+1 or -1), got shape {np.shape(sign)}")
     if not isinstance(config, config_type):
@@ -59,8 +62,9 @@ def metric_sample(lh: Likelihood, pos, key, sample_mask=None):
     return _metric_sample_parts(lh, pos, key, _keep(lh, sample_mask))[0]
 
 
-def draw_linear_residual(lh: Likelihood, pos, key, config: CGConfig = CGConfig(), *, sample_mask=None
-                         ) -> tuple[object, CGResult]:
+def draw_linear_residual(
+    lh: Likelihood, pos, key, config: CGConfig = CGConfig(), *, sample_mask=None
+) -> tuple[object, CGResult]:
     """MGVI residual ``r ~ N(0, M(pos)^{-1})`` (its mirror is ``-r``).
 
     Parameters
@@ -98,15 +102,31 @@ def draw_linear_residual(lh: Likelihood, pos, key, config: CGConfig = CGConfig()
     metric = hamiltonian_metric_operator(lh, pos)  # the model is evaluated at pos once, not per CG iteration
     # M = J^T F J + I >= I: a direction with d.M.d < |d|^2 (beyond rounding) means a broken likelihood metric
     # (e.g. a noise covariance that is not positive definite); CG stops there with NONPOSITIVE_CURVATURE
-    res = cg_solve(lambda v: project(keep, metric(project(keep, v))), y, e2, tol=config.tol,
-                   resnorm=config.resnorm, absdelta=config.absdelta, miniter=config.miniter,
-                   maxiter=config.maxiter, name=config.name, min_curvature=1.0)
+    res = cg_solve(
+        lambda v: project(keep, metric(project(keep, v))),
+        y,
+        e2,
+        tol=config.tol,
+        resnorm=config.resnorm,
+        absdelta=config.absdelta,
+        miniter=config.miniter,
+        maxiter=config.maxiter,
+        name=config.name,
+        min_curvature=1.0,
+    )
     return res.x, res
 
 
-def nonlinearly_update_residual(lh: Likelihood, pos, residual, metric_sample_key, metric_sample_sign,
-                                config: NewtonCGConfig = NewtonCGConfig(), *, sample_mask=None
-                                ) -> tuple[object, OptimizeResult]:
+def nonlinearly_update_residual(
+    lh: Likelihood,
+    pos,
+    residual,
+    metric_sample_key,
+    metric_sample_sign,
+    config: NewtonCGConfig = NewtonCGConfig(),
+    *,
+    sample_mask=None,
+) -> tuple[object, OptimizeResult]:
     """geoVI: curve a residual so that ``g(pos + r) = g(pos) + sign * y``.
 
     With ``x = T(model(xi))`` and ``Jbar = dx/dxi`` at ``pos``, the geoVI
@@ -130,8 +150,10 @@ def nonlinearly_update_residual(lh: Likelihood, pos, residual, metric_sample_key
     """
     _check_inputs(lh, pos, metric_sample_key, config, NewtonCGConfig, residual=residual, sign=metric_sample_sign)
     if not lh.has_transformation:
-        raise TypeError("lh has no transformation: the geoVI update needs one (Gaussian, Poisson, StudentT, ... "
-                        "and their amend/sum provide it)")
+        raise TypeError(
+            "lh has no transformation: the geoVI update needs one (Gaussian, Poisson, StudentT, ... "
+            "and their amend/sum provide it)"
+        )
     keep = _keep(lh, sample_mask)
     y = tm.scale(metric_sample_sign, metric_sample(lh, pos, metric_sample_key, keep))
     x_bar, vjp_bar = jax.vjp(lh.transformation, pos)
@@ -156,6 +178,7 @@ def nonlinearly_update_residual(lh: Likelihood, pos, residual, metric_sample_key
 
     # J_g^T J_g is positive semi-definite by construction (min_curvature=0: no gradient fallback); at r = 0 it is
     # Mbar^2 >= I, the curvature floor that bounds what an inner CG stopped early leaves of the Newton step
-    res = newton_cg(fun_and_grad, hessp, project(keep, residual), config, hessp_at=hessp_at, min_curvature=0.0,
-                    xtol_curvature=1.0)
+    res = newton_cg(
+        fun_and_grad, hessp, project(keep, residual), config, hessp_at=hessp_at, min_curvature=0.0, xtol_curvature=1.0
+    )
     return res.x, res

@@ -4,9 +4,10 @@ Everything here runs on the host and compiles nothing. Settings may be given
 as ``callable(iteration)``; :func:`settings_at` evaluates and checks them for
 one iteration.
 """
+
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -19,15 +20,26 @@ from . import checkpoint as ckpt
 from .likelihood import Likelihood
 from .modes import SampleMode, parse_sample_mode
 
-__all__ = ["DEFAULT_KL_MINIMIZATION", "DEFAULT_LINEAR_SAMPLING", "DEFAULT_NONLINEAR_UPDATE", "IterationSettings",
-           "at_iteration", "check_n_samples", "check_real_domain", "check_resume", "check_run_arguments",
-           "check_type", "raw_key", "settings_at"]
+__all__ = [
+    "DEFAULT_KL_MINIMIZATION",
+    "DEFAULT_LINEAR_SAMPLING",
+    "DEFAULT_NONLINEAR_UPDATE",
+    "IterationSettings",
+    "at_iteration",
+    "check_n_samples",
+    "check_real_domain",
+    "check_resume",
+    "check_run_arguments",
+    "check_type",
+    "raw_key",
+    "settings_at",
+]
 
 DEFAULT_LINEAR_SAMPLING = CGConfig(tol=1e-6, maxiter=500)
 DEFAULT_NONLINEAR_UPDATE = NewtonCGConfig(xtol=1e-6, maxiter=20)
 DEFAULT_KL_MINIMIZATION = NewtonCGConfig(xtol=1e-6, maxiter=35)
 
-_CONFIGS = (CGConfig, NewtonCGConfig, Minimizer)   # callables that are settings, not callable(iteration)
+_CONFIGS = (CGConfig, NewtonCGConfig, Minimizer)  # callables that are settings, not callable(iteration)
 
 
 class IterationSettings(NamedTuple):
@@ -50,14 +62,17 @@ def raw_key(key, argname="key"):
     if key is None:
         raise TypeError(f"{argname} is required (e.g. jax.random.PRNGKey(0))")
     if not isinstance(key, (jax.Array, np.ndarray)):
-        raise TypeError(f"{argname} must be a jax.random key (PRNGKey(seed) or jax.random.key(seed)), "
-                        f"got {type(key).__name__}")
+        raise TypeError(
+            f"{argname} must be a jax.random key (PRNGKey(seed) or jax.random.key(seed)), got {type(key).__name__}"
+        )
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         impl = str(jax.random.key_impl(key))
         if impl != "threefry2x32":
-            raise TypeError(f"{argname} is a {impl!r} key; only threefry2x32 keys are supported (the default: "
-                            f"jax.random.key(seed) or jax.random.PRNGKey(seed)), so that samples are bitwise "
-                            f"reproducible from their stored keys")
+            raise TypeError(
+                f"{argname} is a {impl!r} key; only threefry2x32 keys are supported (the default: "
+                f"jax.random.key(seed) or jax.random.PRNGKey(seed)), so that samples are bitwise "
+                f"reproducible from their stored keys"
+            )
         if key.shape != ():
             raise TypeError(f"{argname} must be one key, got a batch of shape {key.shape}")
         key = jax.random.key_data(key)
@@ -67,12 +82,14 @@ def raw_key(key, argname="key"):
             hint = " (a batch of keys: pass one key)"
         elif key.dtype == np.uint32 and key.shape == (4,):
             hint = " (an 'rbg' key? only threefry2x32 keys are supported)"
-        raise TypeError(f"{argname} must be one threefry2x32 jax.random key (PRNGKey(seed) or "
-                        f"jax.random.key(seed)), got dtype {key.dtype} shape {key.shape}{hint}")
+        raise TypeError(
+            f"{argname} must be one threefry2x32 jax.random key (PRNGKey(seed) or "
+            f"jax.random.key(seed)), got dtype {key.dtype} shape {key.shape}{hint}"
+        )
     return jnp.asarray(key)
 
 
-def at_iteration(value, nit, argname, check=None):
+def at_iteration(value, nit, argname, check=None) -> Any:
     """Evaluate per-iteration settings given as ``callable(iteration)``.
 
     ``check(result)`` validates the result; its ``TypeError``/``ValueError``
@@ -96,13 +113,14 @@ def at_iteration(value, nit, argname, check=None):
 def check_n_samples(n, nit, mode: SampleMode):
     """``n_samples`` of iteration ``nit``: an int >= 0, and >= 1 for a nonlinear ``mode``."""
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-        raise TypeError(f"n_samples must be an int >= 0 (number of antithetic pairs), got {n!r} "
-                        f"at iteration {nit}")
+        raise TypeError(f"n_samples must be an int >= 0 (number of antithetic pairs), got {n!r} at iteration {nit}")
     if n < 0:
         raise ValueError(f"n_samples must be >= 0, got {n} at iteration {nit}")
     if n == 0 and mode.nonlinear:
-        raise ValueError(f"n_samples=0 (MAP) cannot be combined with sample_mode={mode.value!r} "
-                         f"at iteration {nit}; use a linear mode or n_samples >= 1")
+        raise ValueError(
+            f"n_samples=0 (MAP) cannot be combined with sample_mode={mode.value!r} "
+            f"at iteration {nit}; use a linear mode or n_samples >= 1"
+        )
     return int(n)
 
 
@@ -110,27 +128,42 @@ def check_real_domain(domain):
     """The latent space must be real: the prior N(0, I) and the samples' metric are real."""
     for path, d in jtu.tree_flatten_with_path(domain)[0]:
         if jnp.issubdtype(d.dtype, jnp.complexfloating):
-            raise TypeError(f"likelihood: its domain (the latent space) is complex at {jtu.keystr(path) or 'the root'} "
-                            f"({d.dtype}); latents must be real (amend the likelihood with a sv.Model on a real "
-                            f"domain, e.g. a complex signal from two real latents)")
+            raise TypeError(
+                f"likelihood: its domain (the latent space) is complex at {jtu.keystr(path) or 'the root'} "
+                f"({d.dtype}); latents must be real (amend the likelihood with a sv.Model on a real "
+                f"domain, e.g. a complex signal from two real latents)"
+            )
 
 
 def check_type(value, types, argname, nit):
     """``value`` (of iteration ``nit``) is an instance of ``types``."""
     if not isinstance(value, types):
         names = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
-        raise TypeError(f"{argname} must be a {names} (or a callable returning one), got "
-                        f"{type(value).__name__} at iteration {nit}")
+        raise TypeError(
+            f"{argname} must be a {names} (or a callable returning one), got {type(value).__name__} at iteration {nit}"
+        )
     return value
 
 
-def check_run_arguments(likelihood, n_total_iterations, *, n_samples, sample_mode, mirror_samples,
-                        linear_sampling, nonlinear_update, kl_minimization) -> None:
+def check_run_arguments(
+    likelihood,
+    n_total_iterations,
+    *,
+    n_samples,
+    sample_mode,
+    mirror_samples,
+    linear_sampling,
+    nonlinear_update,
+    kl_minimization,
+) -> None:
     """Up-front checks of :class:`~shardvi.vi.optimize_kl.OptimizeVI`'s arguments (callables: per iteration)."""
     if not isinstance(likelihood, Likelihood):
         raise TypeError(f"likelihood must be a shardvi Likelihood, got {type(likelihood).__name__}")
-    if isinstance(n_total_iterations, bool) or not isinstance(n_total_iterations, (int, np.integer)) \
-            or n_total_iterations < 0:
+    if (
+        isinstance(n_total_iterations, bool)
+        or not isinstance(n_total_iterations, (int, np.integer))
+        or n_total_iterations < 0
+    ):
         raise ValueError(f"n_total_iterations must be an int >= 0, got {n_total_iterations!r}")
     if not isinstance(mirror_samples, bool):
         raise TypeError(f"mirror_samples must be a bool, got {type(mirror_samples).__name__}")
@@ -138,8 +171,10 @@ def check_run_arguments(likelihood, n_total_iterations, *, n_samples, sample_mod
         parse_sample_mode(sample_mode)
     if not callable(n_samples):
         check_n_samples(n_samples, 0, SampleMode.LINEAR_SAMPLE)
-    for name, val, types in (("linear_sampling", linear_sampling, CGConfig),
-                             ("nonlinear_update", nonlinear_update, NewtonCGConfig)):
+    for name, val, types in (
+        ("linear_sampling", linear_sampling, CGConfig),
+        ("nonlinear_update", nonlinear_update, NewtonCGConfig),
+    ):
         if not callable(val) or isinstance(val, _CONFIGS):
             check_type(val, types, name, 0)
     check_real_domain(likelihood.domain)
@@ -148,16 +183,19 @@ def check_run_arguments(likelihood, n_total_iterations, *, n_samples, sample_mod
         check_minimizer(kl_minimization, "kl_minimization", params=likelihood.domain)
 
 
-def settings_at(nit: int, *, sample_mode, n_samples, linear_sampling, nonlinear_update,
-                kl_minimization) -> IterationSettings:
+def settings_at(
+    nit: int, *, sample_mode, n_samples, linear_sampling, nonlinear_update, kl_minimization
+) -> IterationSettings:
     """The settings of global iteration ``nit`` (callables evaluated), each checked."""
     mode = at_iteration(sample_mode, nit, "sample_mode", parse_sample_mode)
     n = check_n_samples(at_iteration(n_samples, nit, "n_samples"), nit, mode)
     lin = check_type(at_iteration(linear_sampling, nit, "linear_sampling"), CGConfig, "linear_sampling", nit)
-    nonlin = check_type(at_iteration(nonlinear_update, nit, "nonlinear_update"), NewtonCGConfig,
-                        "nonlinear_update", nit)
-    klc = at_iteration(kl_minimization, nit, "kl_minimization",
-                       lambda v: check_minimizer(v, f"kl_minimization at iteration {nit}"))
+    nonlin = check_type(
+        at_iteration(nonlinear_update, nit, "nonlinear_update"), NewtonCGConfig, "nonlinear_update", nit
+    )
+    klc = at_iteration(
+        kl_minimization, nit, "kl_minimization", lambda v: check_minimizer(v, f"kl_minimization at iteration {nit}")
+    )
     return IterationSettings(mode, n, lin, nonlin, klc)
 
 
@@ -170,8 +208,10 @@ def check_resume(resume, overwrite, checkpoint_dir) -> None:
     if not isinstance(overwrite, bool):
         raise TypeError(f"overwrite must be a bool, got {type(overwrite).__name__}")
     if resume and overwrite:
-        raise ValueError("resume and overwrite exclude each other: resume=True continues the checkpoint in "
-                         "checkpoint_dir, overwrite=True discards it; pass one of them")
+        raise ValueError(
+            "resume and overwrite exclude each other: resume=True continues the checkpoint in "
+            "checkpoint_dir, overwrite=True discards it; pass one of them"
+        )
     if checkpoint_dir is None:
         if resume:
             raise ValueError(f"resume={resume!r} needs checkpoint_dir")

@@ -1,4 +1,5 @@
 """The state of :class:`~shardvi.vi.optimize_kl.OptimizeVI` between global iterations."""
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple

@@ -1,4 +1,5 @@
 """Student-t likelihood (robust to outliers)."""
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -44,11 +45,16 @@ class StudentT(Likelihood):
         self.dof, self.noise_std = to_device(nu_host), to_device(sig_host)
         # in NumPy, like the checks (no eager XLA programs); sqrt and division are correctly rounded in both
         self.fisher_sqrt = to_device(jtu.tree_map(lambda n, s: np.sqrt((n + 1) / (n + 3)) / s, nu_host, sig_host))
-        self._finish_init(domain_of(d))
+        self.set_domain(domain_of(d))
 
     def energy(self, s):
-        parts = jtu.tree_map(lambda si, di, n, sg: jnp.sum(0.5 * (n + 1) * jnp.log1p(((di - si) / sg) ** 2 / n)),
-                             s, self.data, self.dof, self.noise_std)
+        parts = jtu.tree_map(
+            lambda si, di, n, sg: jnp.sum(0.5 * (n + 1) * jnp.log1p(((di - si) / sg) ** 2 / n)),
+            s,
+            self.data,
+            self.dof,
+            self.noise_std,
+        )
         return sum(jtu.tree_leaves(parts))
 
     def transformation(self, s):

@@ -1,4 +1,5 @@
 """Gaussian likelihood whose noise standard deviation is inferred."""
+
 from __future__ import annotations
 
 import jax
@@ -9,7 +10,7 @@ from .likelihood import Likelihood
 
 __all__ = ["VariableCovarianceGaussian"]
 
-_SQRT2 = 2.0 ** 0.5
+_SQRT2 = 2.0**0.5
 
 
 class VariableCovarianceGaussian(Likelihood):
@@ -33,7 +34,7 @@ class VariableCovarianceGaussian(Likelihood):
             raise TypeError("VariableCovarianceGaussian data must be one real array")
         sds = jax.ShapeDtypeStruct(d.shape, d.dtype)
         self.data = d
-        self._finish_init((sds, sds), lsm_tangents_shape=(sds, sds))
+        self.set_domain((sds, sds), lsm_tangents_shape=(sds, sds))
 
     def energy(self, s):
         mean, std = s

@@ -14,11 +14,23 @@ files in the directory are never touched. Loading uses ``allow_pickle=False``
 (no code is ever executed) and validates the whole index and every array
 before anything is computed: each failure is a :class:`CheckpointError`.
 """
+
 from .files import FORMAT, LOCK_NAME, CheckpointError, check_path, prepare_checkpoint_dir
 from .fingerprints import fingerprint
-from .lock import checkpoint_lock
 from .index import read_index
+from .lock import checkpoint_lock
 from .store import has_checkpoint, load_checkpoint, save_checkpoint
 
-__all__ = ["save_checkpoint", "load_checkpoint", "has_checkpoint", "read_index", "checkpoint_lock",
-           "prepare_checkpoint_dir", "check_path", "fingerprint", "CheckpointError", "FORMAT", "LOCK_NAME"]
+__all__ = [
+    "save_checkpoint",
+    "load_checkpoint",
+    "has_checkpoint",
+    "read_index",
+    "checkpoint_lock",
+    "prepare_checkpoint_dir",
+    "check_path",
+    "fingerprint",
+    "CheckpointError",
+    "FORMAT",
+    "LOCK_NAME",
+]

@@ -1,4 +1,5 @@
 """Checkpoint files: names, paths, atomic writes with the umask's permissions, the directory check."""
+
 from __future__ import annotations
 
 import contextlib
@@ -14,7 +15,7 @@ from jax import tree_util as jtu
 __all__ = ["CheckpointError", "FORMAT", "LOCK_NAME", "check_path", "prepare_checkpoint_dir"]
 
 FORMAT = "shardvi-checkpoint-v2"
-_LEGACY_FORMATS = ("shardvi-checkpoint-v1",)   # no `files`, no `fingerprint`: loaded, not fingerprint-checked
+_LEGACY_FORMATS = ("shardvi-checkpoint-v1",)  # no `files`, no `fingerprint`: loaded, not fingerprint-checked
 _INDEX = "latest.json"
 LOCK_NAME = ".shardvi.lock"
 _NPZ_RE = re.compile(r"state-[0-9]{6,}\.npz")
@@ -79,7 +80,7 @@ def _atomic_write(path: str, write) -> None:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
-            os.fchmod(f.fileno(), _file_mode())   # mkstemp creates 0600
+            os.fchmod(f.fileno(), _file_mode())  # mkstemp creates 0600
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -99,8 +100,10 @@ def _sha256(path: str) -> str:
 
 def _structure(pos) -> dict:
     leaves_p = jtu.tree_flatten_with_path(pos)[0]
-    return {"treedef": str(jtu.tree_structure(pos)),
-            "leaves": [[jtu.keystr(p), list(np.shape(x)), str(np.asarray(x).dtype)] for p, x in leaves_p]}
+    return {
+        "treedef": str(jtu.tree_structure(pos)),
+        "leaves": [[jtu.keystr(p), list(np.shape(x)), str(np.asarray(x).dtype)] for p, x in leaves_p],
+    }
 
 
 def check_path(directory, argname: str = "checkpoint_dir") -> str:
@@ -148,8 +151,9 @@ def prepare_checkpoint_dir(checkpoint_dir) -> str:
     for name in (_INDEX, LOCK_NAME):
         p = os.path.join(d, name)
         if os.path.lexists(p) and not os.path.isfile(p):
-            raise CheckpointError(f"checkpoint_dir {d!r}: {name!r} there is not a regular file (a directory?); "
-                                  f"move it away")
+            raise CheckpointError(
+                f"checkpoint_dir {d!r}: {name!r} there is not a regular file (a directory?); move it away"
+            )
     try:
         fd, probe = tempfile.mkstemp(dir=d, prefix=_tmp_prefix(), suffix="-probe")
         try:
@@ -161,4 +165,3 @@ def prepare_checkpoint_dir(checkpoint_dir) -> str:
     except OSError as err:
         raise CheckpointError(f"checkpoint_dir {d!r} is not writable: {err.strerror or err}") from err
     return d
-

@@ -1,4 +1,5 @@
 """Fingerprints: what a checkpoint belongs to (data hashes, latent structure, settings) and how two differ."""
+
 from __future__ import annotations
 
 import hashlib
@@ -19,7 +20,7 @@ def _leaf_record(path: str, x) -> list:
         return [path, list(x.shape), str(np.dtype(x.dtype)), None]
     a = np.ascontiguousarray(np.asarray(x))
     h = hashlib.sha256(json.dumps([list(a.shape), str(a.dtype)]).encode() + b"\0")
-    h.update(a.reshape(-1).view(np.uint8))
+    h.update(a.reshape(-1).view(np.uint8))  # pyright: ignore[reportArgumentType] -- an ndarray is a buffer
     return [path, list(a.shape), str(a.dtype), h.hexdigest()]
 
 
@@ -42,8 +43,9 @@ def _settings_record(value):
     list of its selected paths, other pytrees as ``[[path, leaf], ...]``."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    flat = [(jtu.keystr(p), v.item() if isinstance(v, np.generic) else v)
-            for p, v in jtu.tree_flatten_with_path(value)[0]]
+    flat = [
+        (jtu.keystr(p), v.item() if isinstance(v, np.generic) else v) for p, v in jtu.tree_flatten_with_path(value)[0]
+    ]
     if all(isinstance(v, bool) for _, v in flat):
         return [p or "." for p, v in flat if v]
     return [[p, v] for p, v in flat]
@@ -70,9 +72,11 @@ def fingerprint(likelihood, position, **settings) -> dict:
     dict
         JSON-serializable; stored in the index by :func:`save_checkpoint`.
     """
-    return {"likelihood": _describe_tree(getattr(likelihood, "data_leaves", None)),
-            "latent": _structure(position),
-            "settings": {k: _settings_record(v) for k, v in sorted(settings.items())}}
+    return {
+        "likelihood": _describe_tree(getattr(likelihood, "data_leaves", None)),
+        "latent": _structure(position),
+        "settings": {k: _settings_record(v) for k, v in sorted(settings.items())},
+    }
 
 
 def _short(h):
@@ -87,9 +91,11 @@ def _fingerprint_differences(saved: dict, current: dict) -> list:
         sl = {r[0]: r for r in s["leaves"]}
         cl = {r[0]: r for r in c["leaves"]}
         if s["unknown"] != c["unknown"] or set(sl) != set(cl):
-            out.append("likelihood: a different kind or data structure (checkpoint: "
-                       f"{sorted(sl) + ['unknown ' + u for u in s['unknown']]}, now: "
-                       f"{sorted(cl) + ['unknown ' + u for u in c['unknown']]})")
+            out.append(
+                "likelihood: a different kind or data structure (checkpoint: "
+                f"{sorted(sl) + ['unknown ' + u for u in s['unknown']]}, now: "
+                f"{sorted(cl) + ['unknown ' + u for u in c['unknown']]})"
+            )
         else:
             for p in sl:
                 a, b = sl[p], cl[p]
@@ -97,8 +103,10 @@ def _fingerprint_differences(saved: dict, current: dict) -> list:
                 if a[1:3] != b[1:3]:
                     out.append(f"{what} {p}: shape {a[1]} {a[2]} in the checkpoint, {b[1]} {b[2]} now")
                 elif a[3] != b[3]:
-                    out.append(f"{what} {p}: the values differ (SHA-256 {_short(a[3])}... in the checkpoint, "
-                               f"{_short(b[3])}... now)")
+                    out.append(
+                        f"{what} {p}: the values differ (SHA-256 {_short(a[3])}... in the checkpoint, "
+                        f"{_short(b[3])}... now)"
+                    )
     if "latent" in saved and "latent" in current and saved["latent"] != current["latent"]:
         out.append(f"latent structure: {saved['latent']} in the checkpoint, {current['latent']} now")
     ss, cs = saved.get("settings"), current.get("settings", {})
@@ -107,4 +115,3 @@ def _fingerprint_differences(saved: dict, current: dict) -> list:
             if ss[k] != cs[k]:
                 out.append(f"{k}: {ss[k]!r} in the checkpoint, {cs[k]!r} now")
     return out
-

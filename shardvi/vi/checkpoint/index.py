@@ -1,4 +1,5 @@
 """The index ``latest.json``: reading it and validating every field."""
+
 from __future__ import annotations
 
 import json
@@ -45,9 +46,15 @@ _REPORT_CHECKS = {
 
 
 def _is_record(r) -> bool:
-    return (isinstance(r, list) and len(r) == 4 and isinstance(r[0], str) and isinstance(r[1], list)
-            and all(_is_int(n) and n >= 0 for n in r[1]) and isinstance(r[2], str)
-            and (r[3] is None or (isinstance(r[3], str) and _SHA_RE.fullmatch(r[3]) is not None)))
+    return (
+        isinstance(r, list)
+        and len(r) == 4
+        and isinstance(r[0], str)
+        and isinstance(r[1], list)
+        and all(_is_int(n) and n >= 0 for n in r[1])
+        and isinstance(r[2], str)
+        and (r[3] is None or (isinstance(r[3], str) and _SHA_RE.fullmatch(r[3]) is not None))
+    )
 
 
 def _valid_fingerprint(fp) -> bool:
@@ -56,10 +63,13 @@ def _valid_fingerprint(fp) -> bool:
     if not isinstance(fp, dict):
         return False
     lh = fp.get("likelihood")
-    if lh is not None and not (isinstance(lh, dict) and isinstance(lh.get("leaves"), list)
-                               and all(_is_record(r) for r in lh["leaves"])
-                               and isinstance(lh.get("unknown"), list)
-                               and all(isinstance(u, str) for u in lh["unknown"])):
+    if lh is not None and not (
+        isinstance(lh, dict)
+        and isinstance(lh.get("leaves"), list)
+        and all(_is_record(r) for r in lh["leaves"])
+        and isinstance(lh.get("unknown"), list)
+        and all(isinstance(u, str) for u in lh["unknown"])
+    ):
         return False
     if "settings" in fp and not isinstance(fp["settings"], dict):
         return False
@@ -67,13 +77,25 @@ def _valid_fingerprint(fp) -> bool:
 
 
 def _valid_structure(s) -> bool:
-    return (isinstance(s, dict) and isinstance(s.get("treedef"), str) and isinstance(s.get("leaves"), list)
-            and all(isinstance(r, list) and len(r) == 3 and isinstance(r[0], str) and isinstance(r[1], list)
-                    and all(_is_int(n) and n >= 0 for n in r[1]) and isinstance(r[2], str) for r in s["leaves"]))
+    return (
+        isinstance(s, dict)
+        and isinstance(s.get("treedef"), str)
+        and isinstance(s.get("leaves"), list)
+        and all(
+            isinstance(r, list)
+            and len(r) == 3
+            and isinstance(r[0], str)
+            and isinstance(r[1], list)
+            and all(_is_int(n) and n >= 0 for n in r[1])
+            and isinstance(r[2], str)
+            for r in s["leaves"]
+        )
+    )
 
 
 def _validate_index(meta, index: str) -> dict:
     """Check every field of a parsed index; returns it with v1 defaults filled in."""
+
     def bad(msg):
         return CheckpointError(f"checkpoint index {index!r} is invalid: {msg}")
 
@@ -110,8 +132,10 @@ def _validate_index(meta, index: str) -> dict:
     if len(set(files)) != len(files) or npz not in files:
         raise bad(f"files {files!r} must be distinct and include npz {npz!r}")
     if not _valid_fingerprint(meta.get("fingerprint")):
-        raise bad("fingerprint must be null or {'likelihood': {'leaves': [...], 'unknown': [...]}, "
-                  "'latent': {...}, 'settings': {...}}")
+        raise bad(
+            "fingerprint must be null or {'likelihood': {'leaves': [...], 'unknown': [...]}, "
+            "'latent': {...}, 'settings': {...}}"
+        )
     return meta
 
 

@@ -1,4 +1,5 @@
 """The exclusive writer lock of a checkpoint directory (``.shardvi.lock``: pid, host, start time + flock)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -11,8 +12,17 @@ import threading
 import time
 import warnings
 
-from .files import _TMP_RE, LOCK_NAME, CheckpointError, _file_mode, _fsync_dir, _host, _host_tag, _tmp_prefix, \
-    check_path
+from .files import (
+    _TMP_RE,
+    LOCK_NAME,
+    CheckpointError,
+    _file_mode,
+    _fsync_dir,
+    _host,
+    _host_tag,
+    _tmp_prefix,
+    check_path,
+)
 
 try:
     import fcntl
@@ -21,7 +31,7 @@ except ImportError:  # pragma: no cover - not POSIX: the lock relies on pid/host
 
 __all__ = ["checkpoint_lock"]
 
-_LOCK_WAIT = 2.0   # seconds a lock file may stay in a transient state (being created) before it is reported
+_LOCK_WAIT = 2.0  # seconds a lock file may stay in a transient state (being created) before it is reported
 
 
 def _proc_start(pid: int):
@@ -29,7 +39,7 @@ def _proc_start(pid: int):
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read().decode(errors="replace")
-        return int(stat[stat.rindex(")") + 2:].split()[19])
+        return int(stat[stat.rindex(")") + 2 :].split()[19])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -107,10 +117,16 @@ def _describe_holder(info: dict) -> str:
 
 def _lock_record() -> bytes:
     pid = os.getpid()
-    return json.dumps({
-        "pid": pid, "host": _host(),
-        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "proc_start": _proc_start(pid), "boot_id": _boot_id(), "program": "shardvi"}).encode()
+    return json.dumps(
+        {
+            "pid": pid,
+            "host": _host(),
+            "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "proc_start": _proc_start(pid),
+            "boot_id": _boot_id(),
+            "program": "shardvi",
+        }
+    ).encode()
 
 
 def _new_lock_file(directory: str):
@@ -165,8 +181,9 @@ def _acquire(directory: str) -> _Lock:
         except FileExistsError:
             fd = None
         except OSError as err:
-            raise CheckpointError(f"checkpoint_dir {directory!r}: cannot create the lock file {path!r}: "
-                                  f"{err.strerror or err}") from err
+            raise CheckpointError(
+                f"checkpoint_dir {directory!r}: cannot create the lock file {path!r}: {err.strerror or err}"
+            ) from err
         if fd is not None:
             # a checker may hold our fresh file's flock for an instant (it sees no record yet and lets go)
             while _flock(fd) is False and time.monotonic() < deadline:
@@ -180,8 +197,9 @@ def _acquire(directory: str) -> _Lock:
         except FileNotFoundError:
             continue  # released just now
         except OSError as err:
-            raise CheckpointError(f"checkpoint_dir {directory!r}: the lock file {path!r} cannot be opened: "
-                                  f"{err.strerror or err}") from err
+            raise CheckpointError(
+                f"checkpoint_dir {directory!r}: the lock file {path!r} cannot be opened: {err.strerror or err}"
+            ) from err
         got = _flock(fd)
         info = _read_lock_info(fd)
         if not _same_file(fd, path):
@@ -195,28 +213,43 @@ def _acquire(directory: str) -> _Lock:
             os.close(fd)
             raise CheckpointError(
                 f"checkpoint_dir {directory!r} is locked by {path!r}, which holds no readable owner record"
-                + (" and is in use by a running process" if got is False else
-                   ". If no other run uses this directory, delete that file and start again"))
+                + (
+                    " and is in use by a running process"
+                    if got is False
+                    else ". If no other run uses this directory, delete that file and start again"
+                )
+            )
         if info is None:
             # unreadable for the whole grace period although nobody holds its flock: its creator died
             # between creating and writing it
             info = {"pid": -1, "host": _host(), "started": "?"}
         same_host = info["host"] == _host()
-        alive = got is False or not same_host or _pid_alive(
-            info["pid"], info.get("proc_start") if isinstance(info.get("proc_start"), int) else None,
-            info.get("boot_id") if isinstance(info.get("boot_id"), str) else None)
+        alive = (
+            got is False
+            or not same_host
+            or _pid_alive(
+                info["pid"],
+                info.get("proc_start") if isinstance(info.get("proc_start"), int) else None,
+                info.get("boot_id") if isinstance(info.get("boot_id"), str) else None,
+            )
+        )
         if alive:
             os.close(fd)
             if got is not False and not same_host:
-                hint = (f"This host cannot check whether that process still runs: if that run has ended, "
-                        f"delete {path!r} and start again.")
+                hint = (
+                    f"This host cannot check whether that process still runs: if that run has ended, "
+                    f"delete {path!r} and start again."
+                )
             elif got is not False:
-                hint = (f"If pid {info['pid']} is not a shardvi run using this directory, delete {path!r} and "
-                        f"start again.")
+                hint = (
+                    f"If pid {info['pid']} is not a shardvi run using this directory, delete {path!r} and start again."
+                )
             else:
                 hint = "Wait for that run to finish, or use another checkpoint_dir."
-            raise CheckpointError(f"checkpoint_dir {directory!r} is in use by another run: {path!r} is held by "
-                                  f"{_describe_holder(info)}. {hint}")
+            raise CheckpointError(
+                f"checkpoint_dir {directory!r} is in use by another run: {path!r} is held by "
+                f"{_describe_holder(info)}. {hint}"
+            )
         # stale: its process is gone (and its flock with it). We hold the old file's flock (if the filesystem
         # has flock), so no one else takes it over; replace it atomically by our own, already locked, file.
         new_fd, tmp = _new_lock_file(directory)
@@ -230,10 +263,14 @@ def _acquire(directory: str) -> _Lock:
         finally:
             os.close(fd)
         _fsync_dir(directory)
-        dead = ("a process that died while creating it (no owner record)" if info["pid"] < 0 else
-                f"{_describe_holder(info)}, a process that no longer runs (it crashed or was killed)")
-        warnings.warn(f"checkpoint_dir {directory!r}: took over the stale lock {path!r} of {dead}",
-                      RuntimeWarning, stacklevel=4)
+        dead = (
+            "a process that died while creating it (no owner record)"
+            if info["pid"] < 0
+            else f"{_describe_holder(info)}, a process that no longer runs (it crashed or was killed)"
+        )
+        warnings.warn(
+            f"checkpoint_dir {directory!r}: took over the stale lock {path!r} of {dead}", RuntimeWarning, stacklevel=4
+        )
         return _Lock(new_fd, path)
 
 
@@ -304,4 +341,3 @@ def checkpoint_lock(directory):
         with _HELD_GUARD:
             _HELD.pop(key, None)
         _release(lock)
-

@@ -1,4 +1,5 @@
 """Saving and loading checkpoints: arrays in ``state-NNNNNN.npz``, metadata in the index."""
+
 from __future__ import annotations
 
 import contextlib
@@ -26,7 +27,7 @@ logger = logging.getLogger("shardvi")
 _KEEP = 2
 
 
-def save_checkpoint(directory, samples: Samples, state, *, fingerprint: dict = None) -> str:
+def save_checkpoint(directory, samples: Samples, state, *, fingerprint: dict | None = None) -> str:
     """Write ``samples`` and an ``OptimizeVIState`` to ``directory``; returns the npz path.
 
     Holds the directory's lock while writing (re-entrant: a run that holds it
@@ -80,8 +81,9 @@ def save_checkpoint(directory, samples: Samples, state, *, fingerprint: dict = N
                     os.unlink(os.path.join(d, f))
             _atomic_write(os.path.join(d, _INDEX), lambda f: f.write(json.dumps(meta, indent=1).encode()))
         except OSError as err:
-            raise CheckpointError(f"writing the checkpoint of iteration {state.nit} to {d!r} failed: "
-                                  f"{err.strerror or err}") from err
+            raise CheckpointError(
+                f"writing the checkpoint of iteration {state.nit} to {d!r} failed: {err.strerror or err}"
+            ) from err
     return path
 
 
@@ -105,7 +107,7 @@ def _read_arrays(directory: str, meta: dict, like_pos):
     try:
         with np.load(path, allow_pickle=False) as z:
             data = {k: z[k] for k in z.files}
-    except Exception as err:  # zipfile/format errors, object arrays (pickle)
+    except Exception as err:  # noqa: BLE001 -- zipfile/format errors, object arrays (pickle)
         raise CheckpointError(f"checkpoint arrays {path!r} are unreadable: {err}") from None
 
     def bad(msg):
@@ -136,7 +138,7 @@ def _read_arrays(directory: str, meta: dict, like_pos):
     return Samples(pos, res, jnp.asarray(keys) if k else None), jnp.asarray(key)
 
 
-def load_checkpoint(directory, like_pos, *, fingerprint: dict = None, check_history=None, force: bool = False):
+def load_checkpoint(directory, like_pos, *, fingerprint: dict | None = None, check_history=None, force: bool = False):
     """Read and validate the newest checkpoint in ``directory``.
 
     Everything is checked before it is returned: the index (every field), the
@@ -175,13 +177,17 @@ def load_checkpoint(directory, like_pos, *, fingerprint: dict = None, check_hist
     if meta["structure"] != expected:
         raise CheckpointError(
             f"checkpoint in {d!r} was written for a different model structure (latent structure; this cannot "
-            f"be forced):\n  checkpoint: {meta['structure']}\n  current:    {expected}")
+            f"be forced):\n  checkpoint: {meta['structure']}\n  current:    {expected}"
+        )
     history = tuple(IterationReport(**r) for r in meta["history"])
     diffs = []
     if fingerprint is not None:
         if meta.get("fingerprint") is None:
-            logger.warning("checkpoint in %s has no fingerprint (written by an older shardvi): its data and "
-                           "settings are not compared with this run", d)
+            logger.warning(
+                "checkpoint in %s has no fingerprint (written by an older shardvi): its data and "
+                "settings are not compared with this run",
+                d,
+            )
         else:
             diffs += _fingerprint_differences(meta["fingerprint"], fingerprint)
             unknown = fingerprint.get("likelihood", {}).get("unknown")
@@ -195,8 +201,12 @@ def load_checkpoint(directory, like_pos, *, fingerprint: dict = None, check_hist
             raise CheckpointError(
                 f"the checkpoint in {d!r} (iteration {meta['nit']}) belongs to a different run:\n{listing}\n"
                 f"Resume it anyway with resume='force' (optimize_kl) or force=True (load_checkpoint); start afresh "
-                f"with resume=False, overwrite=True (replaces it), or use another checkpoint_dir.")
-        warnings.warn(f"resuming the checkpoint in {d!r} although it belongs to a different run (forced):\n"
-                      f"{listing}", RuntimeWarning, stacklevel=2)
+                f"with resume=False, overwrite=True (replaces it), or use another checkpoint_dir."
+            )
+        warnings.warn(
+            f"resuming the checkpoint in {d!r} although it belongs to a different run (forced):\n{listing}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     samples, key = _read_arrays(d, meta, like_pos)
     return samples, OptimizeVIState(nit=meta["nit"], key=key, history=history)
