@@ -201,6 +201,7 @@ def test_fast_kl_means_differ_by_ulps(cls):
         assert np.max(np.abs(a - b)) <= 1e-14 * np.max(np.abs(b))
 
 
+@pytest.mark.slow
 def test_chunked_draws_bitwise_for_any_device_count():
     """Keys split on the host, sharded with the samples: the same draws on 1, 2 and 4 devices."""
     demo = build_demo("lognormal_1d", npix=16)
@@ -286,6 +287,7 @@ ENTRY %main (a: f32[4]) -> f32[8] {
     assert c.loop_counts["all-reduce"] == 1 and c.in_loops == 1 and c.loop_counts["all-gather"] == 0
 
 
+@pytest.mark.slow
 def test_sampling_cg_loop_has_no_collectives_under_shard_map_and_pmap():
     lh = likelihood()
     keys = jax.random.split(jax.random.PRNGKey(0), 4)

@@ -104,6 +104,7 @@ def test_terminal_shows_a_bar_with_stages_and_summaries(lh, monkeypatch):
     assert [s.split()[1] for s in summaries] == ["1/2", "2/2"]
 
 
+@pytest.mark.slow
 def test_stages_and_compiling_marks(lh, tmp_path):
     rec = Recorder()
     modes = ["linear_resample", "nonlinear_resample", "nonlinear_resample", "linear_resample"]

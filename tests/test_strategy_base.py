@@ -71,6 +71,7 @@ def _run(strategy):
     return np.asarray(samples.pos), np.asarray(samples.residuals), [r.kl_energy for r in state.history]
 
 
+@pytest.mark.slow
 def test_a_new_strategy_is_one_class_and_bitwise_equal_to_vmap(registry):
     """A subclass defining only ``map`` runs optimize_kl (by object and by name) bitwise equal to Vmap()."""
     ref = _run(Vmap())

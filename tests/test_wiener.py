@@ -128,6 +128,7 @@ def test_linear_sample_cg_starts_at_prior_part():
     assert np.all(np.abs(var - 1.0) <= 4 * np.sqrt(2.0 / 2000))
 
 
+@pytest.mark.slow
 def test_compiler_options_reach_the_engine_steps(problem, monkeypatch):
     """``compiler_options`` are merged over the defaults for every compiled step; the posterior stays exact."""
     import importlib
