@@ -94,6 +94,7 @@ EXPECTED = {
 # ----------------------------------------------------------------------------- structure
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 @pytest.mark.parametrize("config", ["1d", "2d", "3d", "product"])
+@pytest.mark.slow
 def test_shapes_dtypes_and_latent_names(config, dtype):
     model = make_field(config, dtype)
     shape, names = EXPECTED[config]
@@ -126,6 +127,7 @@ def test_grid_modes():
 
 
 @pytest.mark.parametrize("shape,dist", [((32,), 0.3), ((12, 10), (0.5, 2.0)), ((6, 8, 5), (1.0, 0.2, 3.0))])
+@pytest.mark.slow
 def test_hartley_roundtrip_and_parseval(shape, dist):
     grid = RegularGrid(shape, dist)
     s = jax.random.normal(jax.random.PRNGKey(1), (3,) + shape)  # a leading batch axis
@@ -145,6 +147,7 @@ def test_hartley_roundtrip_and_parseval(shape, dist):
     )
 
 
+@pytest.mark.slow
 def test_field_is_harmonic_to_position_of_sqrt_vp_xi():
     """One sub-domain: field = offset + harmonic_to_position(sqrt(V P(|k|)) xi), P[0] = V azm^2."""
     model = make_field("2d")
@@ -172,6 +175,7 @@ def _realize(model, xi0, keys, vary="xi"):
 
 
 @pytest.mark.parametrize("config", ["1d", "2d"])
+@pytest.mark.slow
 def test_empirical_power_spectrum_follows_model(config):
     """Bin-averaged |FFT|^2 of 200 fields (fixed hyperparameters) vs the model spectrum, per |k| bin."""
     model = make_field(config)
@@ -193,6 +197,7 @@ def test_empirical_power_spectrum_follows_model(config):
     assert abs(chi2 - 1) < Z * math.sqrt(2 / ratio.size), chi2
 
 
+@pytest.mark.slow
 def test_field_std_matches_fluctuations():
     """Pixel variance about each draw's mean (zero mode removed) == fluctuations^2, all latents random."""
     cf = CorrelatedFieldMaker("cf")
@@ -216,6 +221,7 @@ def test_field_std_matches_fluctuations():
     np.testing.assert_allclose(model.total_fluctuations(xi), model.fluctuations(xi), rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_product_field_variances():
     """Product of a 2-D and a 1-D sub-domain: total variance and the spectral-axis-only sub-field."""
     azm, f_sp, f_nu = 0.5, 0.6, 0.3
@@ -249,6 +255,7 @@ def _pinned_iwp_var(t, T, sigma, asp):
 
 
 @pytest.mark.parametrize("asperity", [None, 0.5])
+@pytest.mark.slow
 def test_log_spectrum_is_a_pinned_integrated_wiener_process(asperity):
     flex, n_draws = 0.8, 4000
     cf = CorrelatedFieldMaker("cf")
@@ -312,6 +319,7 @@ def test_matern_spectrum_closed_form(renormalize):
     np.testing.assert_allclose(model.fluctuations(xi), math.sqrt(var), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_float32_matches_float64():
     x64, x32 = make_field("product"), make_field("product", jnp.float32)
     xi = init(x64, jax.random.PRNGKey(2))
@@ -320,6 +328,7 @@ def test_float32_matches_float64():
 
 
 # ----------------------------------------------------------------------------- autodiff / inference
+@pytest.mark.slow
 def test_differentiable_and_jittable():
     model = make_field("product")
     xi = init(model, jax.random.PRNGKey(4))
@@ -418,6 +427,7 @@ def test_bad_parameters():
         model.power_spectrum(init(model, jax.random.PRNGKey(0)), 1)
 
 
+@pytest.mark.slow
 def test_prior_objects_accepted():
     cf = CorrelatedFieldMaker("cf")
     cf.set_amplitude_total_offset(0.0, LogNormal(1.0, 0.1))

@@ -92,6 +92,7 @@ def test_recorded_as_allows_only_the_update_fallback():
     assert not recorded_as(SampleMode.LINEAR_SAMPLE, "linear_resample")
 
 
+@pytest.mark.slow
 def test_chi2_sums_agree_with_the_minisanity_table():
     """The log line's pooled chi^2 (jittable sums) equals the dof-weighted table value, complex data included."""
     dom = {"a": jax.ShapeDtypeStruct((6,), jnp.float64), "b": jax.ShapeDtypeStruct((2,), jnp.float64)}

@@ -58,6 +58,7 @@ def test_geovi_updates_converged(results):
     assert len(rep.nonlinear_nit) == 400 and max(rep.nonlinear_nit) < 50
 
 
+@pytest.mark.slow
 def test_nonlinear_update_solves_geovi_equation():
     """After the update, g(pos + r) - g(pos) equals the metric sample (the geoVI equation)."""
     model = sv.Model(lambda xi: jnp.exp(0.8 * xi), jax.ShapeDtypeStruct((3,), jnp.float64))

@@ -321,6 +321,7 @@ def test_metric_and_sqrt_are_jittable_and_vmappable(case):
 # ---------------------------------------------------------------------------------------------------
 # the closed-form Fisher matrices themselves: F = E_d[score score^T] by quadrature
 # ---------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_closed_form_fisher_matches_expected_score_outer_product():
     # Gaussian: Gauss-Hermite expectation
     mu, sig = 0.7, 0.3
@@ -396,6 +397,7 @@ def _trafo_complex(s):
 
 
 @pytest.mark.parametrize("trafo", [_trafo_real, _trafo_complex], ids=["real", "complex"])
+@pytest.mark.slow
 def test_default_metric_from_transformation(trafo):
     dom = jax.ShapeDtypeStruct((3,), jnp.float64)
     lh = sv.Likelihood(lambda s: 0.5 * jnp.sum(jnp.abs(ravel_pytree(trafo(s))[0]) ** 2), trafo, domain=dom)
@@ -528,6 +530,7 @@ def test_complex_gaussian_left_sqrt_dot_test(complex_lh):
         np.testing.assert_allclose(float(jnp.vdot(v, lh.metric(XI1, v))), float(jnp.vdot(lt_v, lt_v).real), rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_complex_gaussian_sample_covariance(complex_lh):
     # e with unit-variance real and imaginary parts gives L e ~ N(0, M)
     _, lh = complex_lh
@@ -586,6 +589,7 @@ def test_sum_of_three_and_signal_space():
     np.testing.assert_allclose(big_l @ big_l.T, m, rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_sum_on_partly_overlapping_dict_domains():
     da = {"a": jax.ShapeDtypeStruct((2,), jnp.float64), "b": jax.ShapeDtypeStruct((3,), jnp.float64)}
     db = {"b": jax.ShapeDtypeStruct((3,), jnp.float64), "c": jax.ShapeDtypeStruct((), jnp.float64)}

@@ -100,6 +100,7 @@ def test_cg_matches_dense_solve_and_scipy(seed):
     )
 
 
+@pytest.mark.slow
 def test_cg_relative_tolerance_matches_scipy_iterates():
     # a loose tolerance stops early: the iterate must be scipy's iterate at the same step
     for tol in (1e-1, 1e-3, 1e-6):
@@ -159,6 +160,7 @@ def test_cg_under_jit_equals_eager():
     assert int(jitted.status) == Status.CONVERGED
 
 
+@pytest.mark.slow
 def test_cg_vmap_each_member_keeps_its_own_iteration_count():
     w, v = np.linalg.eigh(A0)
     rng = np.random.default_rng(7)
@@ -188,6 +190,7 @@ def test_cg_vmap_each_member_keeps_its_own_iteration_count():
     assert nits[0] > 2 and nits[4] > 2
 
 
+@pytest.mark.slow
 def test_cg_vmap_over_matrices_and_x0():
     mats = jnp.stack([jnp.asarray(spd(s, n=6)) for s in range(3)])
     bs = jnp.stack([jnp.asarray(rhs(s, n=6)) for s in range(3)])
@@ -273,6 +276,7 @@ def test_cg_absdelta_criterion():
     np.testing.assert_allclose(float(res.energy), cg_energy(A0, B0, res.x), rtol=1e-10)
 
 
+@pytest.mark.slow
 def test_cg_miniter_forces_iterations():
     a, b = jnp.asarray(A0), jnp.asarray(B0)
     loose = cg_dense(a, b, config=CGConfig(tol=0.5))
@@ -481,6 +485,7 @@ def test_newton_cg_rosenbrock_matches_scipy(start):
     np.testing.assert_allclose(float(res.fun), float(rosen(res.x)), rtol=1e-10, atol=1e-20)
 
 
+@pytest.mark.slow
 def test_newton_cg_vmap_over_starting_points():
     x0s = jnp.asarray(np.stack(ROSEN_STARTS))
     batched = jax.jit(jax.vmap(lambda x0: newton_cg(ROSEN_FG, rosen_hessp, x0, ROSEN_CFG)))(x0s)
@@ -507,6 +512,7 @@ def _logged(caplog, prefix, field):
     return [float(m.split(f"{field}=")[1].split()[0]) for m in msgs]
 
 
+@pytest.mark.slow
 def test_newton_cg_absdelta(caplog):
     caplog.set_level(logging.INFO, logger="shardvi.minimizers")
     x0 = jnp.asarray(ROSEN_STARTS[1])
@@ -525,6 +531,7 @@ def test_newton_cg_absdelta(caplog):
     np.testing.assert_allclose(float(prev.fun) - float(res.fun), decreases[-1], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_newton_cg_xtol():
     x0 = jnp.asarray(ROSEN_STARTS[0])
     cfg = NewtonCGConfig(xtol=1e-4, maxiter=200)
@@ -538,6 +545,7 @@ def test_newton_cg_xtol():
     assert np.mean(np.abs(np.asarray(prev) - np.asarray(prev2))) > 1e-4
 
 
+@pytest.mark.slow
 def test_newton_cg_gtol():
     x0 = jnp.asarray(ROSEN_STARTS[2])
     cfg = NewtonCGConfig(xtol=None, gtol=1e-6, maxiter=200)
@@ -553,6 +561,7 @@ def test_newton_cg_gtol():
     assert int(at_min.nit) == 0 and bool(at_min.converged) and int(at_min.nfev) == 1
 
 
+@pytest.mark.slow
 def test_newton_cg_miniter_and_maxiter():
     fg, hp = quadratic(A0, B0)
     x0 = jnp.zeros(N)
@@ -608,6 +617,7 @@ def test_newton_cg_line_search_failure_keeps_last_point():
     assert "line search" in status_message(res.status)
 
 
+@pytest.mark.slow
 def test_newton_cg_indefinite_hessian_falls_back_to_gradient_steps():
     # f = x^2/2 + cos(y): the Hessian diag(1, -cos y) is indefinite for |y| < pi/2
     def f(z):
@@ -634,6 +644,7 @@ def test_newton_cg_indefinite_hessian_falls_back_to_gradient_steps():
     np.testing.assert_allclose(float(full.fun), -1.0, atol=1e-14)
 
 
+@pytest.mark.slow
 def test_newton_cg_pytree_and_float32():
     # pytree variables: f(u, v) = |u - 1|^2/2 + 2 |v + 2|^2
     def fg(p):
@@ -672,6 +683,7 @@ def test_optax_adam_on_quadratic():
     assert int(res.nfev) == int(res.nit) + 1 and int(res.ncg) == 0
 
 
+@pytest.mark.slow
 def test_optax_lbfgs_on_rosenbrock_matches_scipy():
     x0 = ROSEN_STARTS[1]
     cfg = OptaxConfig(optax.lbfgs(), maxiter=1000, gtol=1e-10)
@@ -794,6 +806,7 @@ def test_log_iteration_cg(caplog):
     assert _records(caplog) == []
 
 
+@pytest.mark.slow
 def test_log_iteration_newton_and_optax(caplog):
     caplog.set_level(logging.INFO, logger="shardvi.minimizers")
     fg, hp = quadratic(A0, B0)
@@ -811,6 +824,7 @@ def test_log_iteration_newton_and_optax(caplog):
     assert _records(caplog) == []
 
 
+@pytest.mark.slow
 def test_log_iteration_under_vmap_logs_batched_values(caplog):
     caplog.set_level(logging.INFO, logger="shardvi.minimizers")
     mv = matvec_of(A0)

@@ -16,6 +16,7 @@ def sqrt_lh():
     return sv.Gaussian(np.full(N, 0.5), noise_std=3.0).amend(model)
 
 
+@pytest.mark.slow
 def test_nan_in_kl_names_iteration_and_stage(tmp_path):
     d = str(tmp_path / "ck")
     with pytest.raises(sv.NonFiniteError, match=r"KL minimization at iteration 1") as info:
@@ -37,6 +38,7 @@ def test_nan_in_kl_names_iteration_and_stage(tmp_path):
     assert bool(jnp.all(jnp.isfinite(samples.pos)))
 
 
+@pytest.mark.slow
 def test_nan_in_sampling_names_stage():
     model = sv.Model(lambda xi: jnp.exp(xi), jax.ShapeDtypeStruct((N,), jnp.float64))
     lh = sv.Gaussian(np.ones(N), noise_std=1.0).amend(model)

@@ -125,6 +125,7 @@ def test_point_estimates_not_sampled(lh):
     np.testing.assert_array_equal(np.asarray(samples.pos["a"]), np.asarray(samples2.pos["a"]))
 
 
+@pytest.mark.slow
 def test_constants_not_optimized(lh):
     start = {"a": jnp.zeros(N), "b": jnp.asarray(0.7)}
     samples, _ = sv.optimize_kl(
@@ -141,6 +142,7 @@ def test_constants_not_optimized(lh):
     assert np.any(np.asarray(samples.pos["a"]) != 0.0)
 
 
+@pytest.mark.slow
 def test_mirror_off(lh):
     samples, _ = sv.optimize_kl(
         lh,
@@ -155,6 +157,7 @@ def test_mirror_off(lh):
     assert len(samples) == 3
 
 
+@pytest.mark.slow
 def test_optax_kl_minimization(lh):
     """An optax optimizer as KL minimizer reaches the same MAP as Newton-CG."""
     kw = dict(key=jax.random.PRNGKey(0), n_total_iterations=1, n_samples=0, sample_mode="linear_resample")
@@ -201,6 +204,7 @@ def test_no_recompilation_linear_then_update(lh):
     assert counts[4] == counts[3]  # nonlinear_update keeps its compiled update
 
 
+@pytest.mark.slow
 def test_iteration_log_line(lh, caplog):
     with caplog.at_level(logging.INFO, logger="shardvi"):
         sv.optimize_kl(

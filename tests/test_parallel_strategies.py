@@ -158,6 +158,7 @@ W = jnp.array([0.3, -0.7, 1.1, 0.2])
 
 @pytest.mark.parametrize("chunk", [1, 2])
 @pytest.mark.parametrize("cls", MULTI)
+@pytest.mark.slow
 def test_padding_is_dropped_and_contributes_exactly_zero(cls, chunk):
     xs = _samples(5)  # 4 devices: padded to 8 samples
     ref_strat = Vmap(chunk_size=chunk)
@@ -187,6 +188,7 @@ def test_padding_is_dropped_and_contributes_exactly_zero(cls, chunk):
 
 
 @pytest.mark.parametrize("cls", MULTI)
+@pytest.mark.slow
 def test_fast_kl_means_differ_by_ulps(cls):
     demo = build_demo("lognormal_1d", npix=16)
     pos = jax.tree.map(lambda x: x + 0.1, demo.position)
@@ -235,6 +237,7 @@ def _loss(w, x):
     return jnp.sum(jnp.sin(w * x) ** 2) + 0.5 * jnp.dot(w, w)
 
 
+@pytest.mark.slow
 def test_per_sample_gradients_of_replicated_parameters():
     xs = _samples(6)
     grad = jax.grad(_loss)

@@ -11,6 +11,7 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import shardvi as sv
 from shardvi import plot
@@ -26,6 +27,7 @@ def is_png(path):
         return os.path.getsize(path) > 1000 and f.read(8) == PNG_MAGIC
 
 
+@pytest.mark.slow
 def test_plot_functions_write_pngs(tmp_path):
     rng = np.random.default_rng(0)
     img = rng.normal(size=(16, 12))
@@ -45,6 +47,7 @@ def test_plot_functions_write_pngs(tmp_path):
         assert is_png(tmp_path / f"{name}.png"), name
 
 
+@pytest.mark.slow
 def test_wiener_demo_runs_and_matches(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(
         sys,
@@ -80,6 +83,7 @@ def run_python(code):
     return res.stdout
 
 
+@pytest.mark.slow
 def test_import_is_light_and_plot_is_lazy():
     """``import shardvi`` loads neither JAX, jax-finufft, matplotlib nor tqdm; ``sv.plot`` and
     ``sv.NUFFTResponse`` load what they need on first use; the user's matplotlib backend is kept."""
@@ -155,6 +159,7 @@ def readme_section(title):
     return "\n".join(lines[start:end])
 
 
+@pytest.mark.slow
 def test_readme_usage_snippet_runs_as_written(capsys):
     """The Usage code block, executed unchanged, recovers the truth within its posterior std."""
     code = re.search(r"```python\n(.*?)```", readme_section("## Usage"), re.S).group(1)

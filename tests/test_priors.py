@@ -32,6 +32,7 @@ def white():
 
 
 @pytest.mark.parametrize("prior,ref", CASES, ids=IDS)
+@pytest.mark.slow
 def test_moments_and_quantiles_match_scipy(prior, ref, white):
     x = np.asarray(jax.jit(prior.__call__)(white))
     assert np.all(np.isfinite(x))
@@ -46,6 +47,7 @@ def test_moments_and_quantiles_match_scipy(prior, ref, white):
 
 
 @pytest.mark.parametrize("prior,ref", CASES, ids=IDS)
+@pytest.mark.slow
 def test_map_is_the_exact_quantile_function(prior, ref):
     """prior(xi) == ppf(Phi(xi)) to near machine precision, tails included."""
     xi = np.linspace(-8, 8, 161)
@@ -56,6 +58,7 @@ def test_map_is_the_exact_quantile_function(prior, ref):
 
 
 @pytest.mark.parametrize("a", [0.05, 0.3, 1.0, 2.5, 40.0, 1e4])
+@pytest.mark.slow
 def test_gamma_quantile_accuracy_over_shapes(a):
     """Newton inversion of the regularized incomplete gamma vs scipy's gammaincinv/gammainccinv."""
     xi = np.linspace(-8, 8, 97)
@@ -75,6 +78,7 @@ def test_gamma_quantile_accuracy_over_shapes(a):
     [p for p, _ in CASES] + [InvGamma(0.1, 1.0), InvGamma(300.0, 1.0)],
     ids=IDS + ["InvGamma-small-a", "InvGamma-large-a"],
 )
+@pytest.mark.slow
 def test_tails_and_gradients_finite(prior):
     tails = jnp.linspace(-8.0, 8.0, 321)
     x = jnp.linspace(-5.0, 5.0, 23) + 0.0123  # finite differences away from the extreme tails
@@ -96,6 +100,7 @@ def test_laplace_gradient_at_zero():
 
 
 @pytest.mark.parametrize("prior", [p for p, _ in CASES], ids=IDS)
+@pytest.mark.slow
 def test_float32_and_jit_vmap(prior):
     xi32 = jnp.linspace(-4, 4, 33, dtype=jnp.float32)
     v32 = jax.jit(jax.vmap(prior.__call__))(xi32)

@@ -66,6 +66,7 @@ def run(lh, iterations=2, **kw):
     return sv.optimize_kl(lh, jnp.zeros(N), key=jax.random.PRNGKey(0), n_total_iterations=iterations, **kw)
 
 
+@pytest.mark.slow
 def test_not_a_terminal_prints_one_summary_line_per_iteration(lh, capsys):
     _, state = run(lh, iterations=3)  # default progress="auto"; pytest's stderr is no terminal
     out, err = capsys.readouterr()
@@ -84,6 +85,7 @@ def test_progress_off_prints_nothing(lh, capsys):
     assert capsys.readouterr() == ("", "")
 
 
+@pytest.mark.slow
 def test_terminal_shows_a_bar_with_stages_and_summaries(lh, monkeypatch):
     tty = FakeTTY()
     monkeypatch.setattr(sys, "stderr", tty)

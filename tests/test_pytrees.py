@@ -131,6 +131,7 @@ def _constants(text: str) -> list:
     return out
 
 
+@pytest.mark.slow
 def test_no_engine_step_embeds_the_data_as_a_constant():
     n = 32
     mk = sv.CorrelatedFieldMaker("cf", dtype=jnp.float64)
@@ -164,6 +165,7 @@ def test_no_engine_step_embeds_the_data_as_a_constant():
     assert n_args >= len(jtu.tree_leaves(lh)) + len(jtu.tree_leaves(pos))
 
 
+@pytest.mark.slow
 def test_engine_results_do_not_depend_on_the_data_being_arguments():
     """A likelihood whose data a closure captures (constants) gives the same samples as the pytree one."""
     n = 12

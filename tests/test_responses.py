@@ -140,6 +140,7 @@ def test_low_level_transforms_are_transposes(setup):
 
 
 # ----------------------------------------------------------------------------- AD / vmap / jit
+@pytest.mark.slow
 def test_nufft_gradient_vs_dense_and_finite_differences(setup):
     s = setup
     R, img, d, A = s["R"], jnp.asarray(s["img"]), jnp.asarray(s["d"]), s["A"]
@@ -180,6 +181,7 @@ def test_nufft_jvp_vjp_consistency(setup):
     assert rel(hvp, R.adjoint(R(t))) <= 1e-12
 
 
+@pytest.mark.slow
 def test_nufft_vmap_matches_loop(setup):
     s = setup
     R, d = s["R"], jnp.asarray(s["d"])

@@ -38,6 +38,7 @@ def lognormal(n, noise, seed, amp=1.0):
 # ---------------------------------------------------------------------------------------------------
 # item 0: CONVERGED means close to the root / minimum
 # ---------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_geovi_update_with_default_config_reaches_the_tight_root():
     """1-D log-normal, 32 pixels, at the truth (MAP-ish): the default geoVI update equals the root.
 
@@ -77,6 +78,7 @@ def test_geovi_update_with_default_config_reaches_the_tight_root():
     assert np.all(np.asarray(status) == Status.CONVERGED), [status_message(s) for s in status]
 
 
+@pytest.mark.slow
 def test_kl_minimization_with_default_config_reaches_the_tight_minimum(caplog):
     """The engine's default KL Newton-CG converges only within ``xtol`` of the KL minimum (same residuals).
 
@@ -154,6 +156,7 @@ def spd(seed, n, lo=1.0, hi=10.0):
     return (q * np.geomspace(lo, hi, n)) @ q.T
 
 
+@pytest.mark.slow
 def test_newton_cg_default_config_float32_pytree_quadratic():
     """float32, condition number 10: default settings reach the minimum to float32 accuracy.
 
@@ -186,6 +189,7 @@ def test_newton_cg_default_config_float32_pytree_quadratic():
         np.testing.assert_allclose(np.asarray(flat(res.x), np.float64), np.linalg.solve(a, b), rtol=0, atol=2e-6)
 
 
+@pytest.mark.slow
 def test_newton_step_cut_short_by_the_inner_cg_is_not_convergence():
     """A tiny step from an inner CG stopped at maxiter says nothing about the distance to the minimum.
 
@@ -209,6 +213,7 @@ def test_newton_step_cut_short_by_the_inner_cg_is_not_convergence():
     assert int(ok.status) == Status.CONVERGED and float(jnp.max(jnp.abs(ok.x))) <= 1e-8
 
 
+@pytest.mark.slow
 def test_newton_cg_energy_rule_is_opt_in_and_never_convergence():
     """NIFTy's inner energy rule (``energy_reduction_factor``) is off by default; on, it only saves CG work."""
     h = jnp.asarray(np.geomspace(1.0, 1e4, 20))
@@ -294,6 +299,7 @@ def broken_noise_likelihood(scale):
         (2.0, 0, "KL minimization"),  # MAP: no sampling, the KL Newton-CG meets it
     ],
 )
+@pytest.mark.slow
 def test_non_positive_definite_noise_raises_naming_stage_and_iteration(scale, n_samples, stage):
     lh, n = broken_noise_likelihood(scale)
     with pytest.raises(
@@ -320,6 +326,7 @@ def _warnings(caplog):
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "shardvi"]
 
 
+@pytest.mark.slow
 def test_unconverged_sample_solves_are_recorded_and_logged(caplog):
     caplog.set_level(logging.WARNING, logger="shardvi")
     lh, xi_true = lognormal(16, 0.1, 1)

@@ -30,6 +30,7 @@ TIGHT_KL = sv.NewtonCGConfig(xtol=1e-14, maxiter=20, cg=sv.CGConfig(tol=1e-13, m
 
 
 @pytest.mark.parametrize("mode", ["linear_sample", "linear_resample", "nonlinear_sample", "nonlinear_resample"])
+@pytest.mark.slow
 def test_kl_minimum_is_posterior_mean(problem, mode):
     lh, post_mean, _ = problem
     samples, state = sv.optimize_kl(
@@ -68,6 +69,7 @@ def test_map_is_posterior_mean(problem):
     assert np.max(np.abs(np.asarray(samples.pos) - post_mean)) <= 1e-8
 
 
+@pytest.mark.slow
 def test_geovi_of_linear_model_equals_mgvi(problem):
     """For a linear model the geoVI update leaves the linear residual unchanged."""
     lh, post_mean, _ = problem
@@ -80,6 +82,7 @@ def test_geovi_of_linear_model_equals_mgvi(problem):
         np.testing.assert_allclose(np.asarray(r_nl), sign * np.asarray(r_lin), rtol=0, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_linear_sample_covariance(problem):
     """Empirical covariance of 4000 MGVI residuals matches (I + M)^{-1}."""
     lh, post_mean, post_cov = problem
@@ -102,6 +105,7 @@ def test_linear_sample_covariance(problem):
     assert np.max(np.abs(white - np.eye(N_LAT))) < 6 * np.sqrt(2.0 / n)
 
 
+@pytest.mark.slow
 def test_linear_sample_cg_starts_at_prior_part():
     """The sampling CG starts at ``e2``: directions the data do not see keep the exact prior draw.
 

@@ -119,9 +119,18 @@ class Likelihood(Module):
         self.domain = normalize_domain(domain)
         if lsm_tangents_shape is None and self.has_transformation:
             lsm_tangents_shape = jax.eval_shape(self.transformation, self.domain)
-        if lsm_tangents_shape is None and _overrides(self, "left_sqrt_metric"):
+        if lsm_tangents_shape is None and self._has_explicit_lsm:
             raise ValueError("lsm_tangents_shape is required with an explicit left_sqrt_metric and no transformation")
         self.lsm_tangents_shape = lsm_tangents_shape
+
+    @property
+    def _has_explicit_lsm(self) -> bool:
+        return _overrides(self, "left_sqrt_metric")
+
+    def _transformation_metric(self, s) -> Callable:
+        """``t -> (dT/ds)^T (dT/ds) t`` at ``s``: the metric derived from the transformation."""
+        _, jvp, adj = tm.linearize_with_adjoint(self.transformation, s)
+        return lambda t: adj(jvp(t))
 
     # -- core maps -------------------------------------------------------------------------
     def energy(self, s):
@@ -149,8 +158,7 @@ class Likelihood(Module):
         """
         if _overrides(self, "metric"):
             return functools.partial(self.metric, s)
-        _, jvp, adj = tm.linearize_with_adjoint(self.transformation, s)
-        return lambda t: adj(jvp(t))
+        return self._transformation_metric(s)
 
     def left_sqrt_metric(self, s, e):
         """``L(s) e`` with ``L L^T = F(s)``; a standard normal ``e`` gives ``N(0, F)``."""
@@ -240,13 +248,9 @@ class FunctionLikelihood(Likelihood):
         self._data_leaves = _Opaque(data_leaves)
         self.set_domain(domain, lsm_tangents_shape)
 
-    def set_domain(self, domain, lsm_tangents_shape=None) -> None:
-        self.domain = normalize_domain(domain)
-        if lsm_tangents_shape is None and self._transformation is not None:
-            lsm_tangents_shape = jax.eval_shape(self._transformation, self.domain)
-        if lsm_tangents_shape is None and self._lsm is not None:
-            raise ValueError("lsm_tangents_shape is required with an explicit left_sqrt_metric and no transformation")
-        self.lsm_tangents_shape = lsm_tangents_shape
+    @property
+    def _has_explicit_lsm(self) -> bool:
+        return self._lsm is not None
 
     def energy(self, s):
         return self._energy(s)
@@ -266,8 +270,7 @@ class FunctionLikelihood(Likelihood):
             return self._metric_operator(s)
         if self._metric is not None:
             return functools.partial(self._metric, s)
-        _, jvp, adj = tm.linearize_with_adjoint(self.transformation, s)
-        return lambda t: adj(jvp(t))
+        return self._transformation_metric(s)
 
     def left_sqrt_metric(self, s, e):
         if self._lsm is not None:
