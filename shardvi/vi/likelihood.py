@@ -331,9 +331,6 @@ class AmendedLikelihood(Likelihood):
     def transformation(self, xi):
         return self.likelihood.transformation(self.model(xi))
 
-    def metric(self, xi, t):
-        return self.metric_operator(xi)(t)
-
     def metric_operator(self, xi):
         """``t -> J^T F(s) J t`` with one evaluation (and linearization) of the model."""
         s, jvp, adj = tm.linearize_with_adjoint(self.model, xi)
@@ -406,9 +403,6 @@ class SumLikelihood(Likelihood):
 
     def transformation(self, x):
         return (self.a.transformation(self._part(self.keys_a, x)), self.b.transformation(self._part(self.keys_b, x)))
-
-    def metric(self, x, t):
-        return self.metric_operator(x)(t)
 
     def metric_operator(self, x):
         ka, kb = self.keys_a, self.keys_b
