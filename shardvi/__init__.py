@@ -19,7 +19,17 @@ from typing import TYPE_CHECKING
 from ._version import __version__ as __version__
 
 # submodules reachable as attributes (``sv.vi``, ``sv.plot``, ...)
-_SUBMODULES = ("compilation", "examples", "minimizers", "models", "parallel", "plot", "tree_math", "vi")
+_SUBMODULES = (
+    "compilation",
+    "compile_cache",
+    "examples",
+    "minimizers",
+    "models",
+    "parallel",
+    "plot",
+    "tree_math",
+    "vi",
+)
 
 # top-level name -> submodule that defines it (add new exports here and in the TYPE_CHECKING block)
 _EXPORTS = {
@@ -68,7 +78,7 @@ _ORIGIN = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_ORIGIN) + list(_SUBMODULES)
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real imports
-    from . import compilation, examples, minimizers, models, parallel, plot, tree_math, vi  # noqa: F401
+    from . import compilation, compile_cache, examples, minimizers, models, parallel, plot, tree_math, vi  # noqa: F401
     from .minimizers import CGConfig, Minimizer, NewtonCGConfig, OptaxConfig  # noqa: F401
     from .models import (  # noqa: F401
         CorrelatedField,

@@ -215,6 +215,7 @@ def test_compile_counter_counts_and_stops_after_close():
     from jax._src import monitoring
 
     before = len(monitoring.get_event_duration_listeners())
+    before_events = len(monitoring.get_event_listeners())
     with CompileCounter() as outer:
         with CompileCounter() as inner:
             jax.jit(lambda x: x * 3.0 + 1.0)(np.float64(1.0))
@@ -223,6 +224,7 @@ def test_compile_counter_counts_and_stops_after_close():
     assert (inner.count, outer.count) == (1, 2)
     assert outer.seconds > 0 and outer.snapshot()["n"] == 2 and not outer.active
     assert len(monitoring.get_event_duration_listeners()) == before  # no listener left behind
+    assert len(monitoring.get_event_listeners()) == before_events
     jax.jit(lambda x: x * 7.0 + 4.0)(np.float64(1.0))
     assert (inner.count, outer.count) == (1, 2)
     outer.close()  # idempotent
@@ -233,7 +235,12 @@ def test_compile_counter_close_without_context_manager():
     jax.jit(lambda x: x - 9.0)(np.float64(1.0))
     cc.close()
     jax.jit(lambda x: x - 11.0)(np.float64(1.0))
-    assert cc.count == 1 and cc.snapshot() == {"n": 1, "s": cc.seconds, "trace_lower_s": cc.trace_lower_seconds}
+    assert cc.count == 1 and cc.snapshot() == {
+        "n": 1,
+        "s": cc.seconds,
+        "hits": cc.cache_hits,
+        "trace_lower_s": cc.trace_lower_seconds,
+    }
 
 
 def test_benchmarks_use_the_library_compile_counter():

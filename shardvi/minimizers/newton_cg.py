@@ -103,6 +103,7 @@ class _State(NamedTuple):
     nfev: jax.Array
     last_decrease: jax.Array
     status: jax.Array
+    fresh: jax.Array  # f and g not evaluated yet (the first pass of the loop evaluates them at x0)
 
 
 def newton_cg(
@@ -180,8 +181,11 @@ def newton_cg(
     if xtol_curvature is None and min_curvature is not None and min_curvature > 0:
         xtol_curvature = min_curvature
     n = tm.size(x0)
-    f0, g0 = fun_and_grad(x0)
-    real = jnp.result_type(f0)
+    # f and g at x0 are evaluated by the loop's first pass, at the line search's one call site of fun_and_grad:
+    # each call site inlines the whole objective (for the engine: the model, its linearization and transpose),
+    # and a separate evaluation here made the compiled program ~1.3x larger (compile time, BENCHMARKS.md)
+    f_shape = jax.eval_shape(fun_and_grad, x0)[0]
+    real = jnp.result_type(f_shape.dtype)
     off = jnp.asarray(-1.0, real)
     half = jnp.asarray(0.5, real)  # a python 0.5**k would promote float32 iterates to float64 under x64
     absdelta = off if config.absdelta is None else jnp.asarray(config.absdelta, real)
@@ -190,13 +194,22 @@ def newton_cg(
     cg_resnorm = off if cgc.resnorm is None else jnp.asarray(cgc.resnorm, real)
     f_eps = jnp.asarray(_F_ROUNDING * jnp.finfo(real).eps, real)
 
-    finite0 = jnp.isfinite(f0) & tm.all_finite(g0)
-    status0 = jnp.where(finite0, Status.RUNNING, Status.NONFINITE)
-    g0norm = tm.norm(g0)
-    status0 = jnp.where(finite0 & (config.miniter == 0) & ((g0norm <= gtol) | (g0norm == 0)), Status.CONVERGED, status0)
-    zero_i = jnp.zeros((), jnp.int32)
-    state = _State(
-        x0, f0, g0, zero_i, zero_i, jnp.ones((), jnp.int32), jnp.asarray(jnp.inf, real), status0.astype(jnp.int32)
+    def started(f0, g0):
+        """The state at x0 once ``f0, g0`` are known (converged at once at a stationary point)."""
+        finite0 = jnp.isfinite(f0) & tm.all_finite(g0)
+        status0 = jnp.where(finite0, Status.RUNNING, Status.NONFINITE)
+        g0norm = tm.norm(g0)
+        stationary0 = finite0 & (config.miniter == 0) & ((g0norm <= gtol) | (g0norm == 0))
+        status0 = jnp.where(stationary0, Status.CONVERGED, status0)
+        zero_i = jnp.zeros((), jnp.int32)
+        one_i = jnp.ones((), jnp.int32)
+        inf = jnp.asarray(jnp.inf, real)
+        return _State(x0, f0, g0, zero_i, zero_i, one_i, inf, status0.astype(jnp.int32), jnp.bool_(False))
+
+    # not yet evaluated: g = 0 makes the first pass's CG solve trivial (p = 0: x_new = x0)
+    g_zero = tm.zeros_like(x0)
+    state = started(jnp.full((), jnp.nan, real), g_zero)._replace(
+        status=jnp.asarray(Status.RUNNING, jnp.int32), fresh=jnp.bool_(True)
     )
 
     def cond(s):
@@ -249,9 +262,10 @@ def newton_cg(
 
         # backtracking line search: step 2**-k, k = 0, 1, ...; the loop starts at k = -1 (nothing evaluated
         # yet) so that fun_and_grad is traced once here, not twice
-        def ls_cond(c):
+        def ls_cond(c):  # the first pass only evaluates f and g at x0
             k, _, f_new, g_new = c
-            return (k < 0) | (~broken & ~accepted(k, f_new, g_new) & (k < config.max_line_search_steps))
+            more = ~s.fresh & ~broken & ~accepted(k, f_new, g_new) & (k < config.max_line_search_steps)
+            return (k < 0) | more
 
         def ls_body(c):
             k = c[0] + 1
@@ -296,12 +310,14 @@ def newton_cg(
             ],
             Status.RUNNING,
         ).astype(jnp.int32)
-        new = _State(x_new, f_new, g_new, nit, s.ncg + res.nit, s.nfev + k + 1, decrease, status)
+        new = _State(x_new, f_new, g_new, nit, s.ncg + res.nit, s.nfev + k + 1, decrease, status, s.fresh)
         # a failed line search keeps the last good point
         keep = jax.tree_util.tree_map(
             lambda a, o: jnp.where(finite, a, o), new, s._replace(nit=nit, ncg=new.ncg, nfev=new.nfev, status=status)
         )
-        log_iteration(config.name, nit=nit, energy=keep.f, decrease=decrease, cg_nit=res.nit, step=half**k)
+        # the first pass: only x0's f and g (the rest of this pass worked on placeholders and is dropped)
+        keep = jax.tree_util.tree_map(lambda a, o: jnp.where(s.fresh, a, o), started(f_new, g_new), keep)
+        log_iteration(config.name, ~s.fresh, nit=nit, energy=keep.f, decrease=decrease, cg_nit=res.nit, step=half**k)
         return keep
 
     s = jax.lax.while_loop(cond, body, state)

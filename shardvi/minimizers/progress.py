@@ -12,7 +12,9 @@ logger = logging.getLogger("shardvi.minimizers")
 __all__ = ["log_iteration", "logger"]
 
 
-def _emit(name, fields, *values):
+def _emit(name, fields, when, *values):
+    if not np.any(when):  # under vmap: logged while any sample's entry is to be logged
+        return
     parts = []
     for field, v in zip(fields, values):
         v = np.asarray(v)
@@ -23,8 +25,8 @@ def _emit(name, fields, *values):
     logger.info("%s: %s", name, " ".join(parts))
 
 
-def log_iteration(name: str | None, **fields) -> None:
-    """Log ``fields`` (traced scalars) through ``logging`` when ``name`` is set.
+def log_iteration(name: str | None, when=True, **fields) -> None:
+    """Log ``fields`` (traced scalars) through ``logging`` when ``name`` is set (and ``when``, a traced bool).
 
     Uses ``jax.debug.callback`` so it works under jit, vmap and while loops; when
     ``name`` is None nothing is staged and the compiled program is unchanged.
@@ -32,4 +34,4 @@ def log_iteration(name: str | None, **fields) -> None:
     if name is None:
         return
     keys = tuple(fields)
-    jax.debug.callback(lambda *v: _emit(name, keys, *v), *fields.values())
+    jax.debug.callback(lambda w, *v: _emit(name, keys, w, *v), when, *fields.values())

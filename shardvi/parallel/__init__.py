@@ -22,6 +22,7 @@ from .lax_map import LaxMap
 from .mesh import SAMPLE_AXIS, check_devices, replicated, sample_mesh, sharded
 from .pmap import Pmap
 from .reproducible import (
+    CPU_COMPILER_OPTIONS,
     REPRODUCIBLE_COMPILER_OPTIONS,
     check_compiler_options,
     engine_compiler_options,
@@ -55,6 +56,7 @@ __all__ = [
     "Placed",
     "Pmap",
     "REDUCE_MODES",
+    "CPU_COMPILER_OPTIONS",
     "REPRODUCIBLE_COMPILER_OPTIONS",
     "SAMPLE_AXIS",
     "STRATEGY_NAMES",

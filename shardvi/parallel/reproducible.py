@@ -71,6 +71,7 @@ except ImportError as _err:  # pragma: no cover - depends on the jax version
     _IMPORT_ERROR = f"{type(_err).__name__}: {_err}"
 
 __all__ = [
+    "CPU_COMPILER_OPTIONS",
     "REPRODUCIBLE_COMPILER_OPTIONS",
     "TESTED_JAX_VERSIONS",
     "ReproducibilityWarning",
@@ -126,10 +127,22 @@ REPRODUCIBLE_COMPILER_OPTIONS = types.MappingProxyType(
     {"xla_disable_hlo_passes": "cse", "xla_cpu_use_fusion_emitters": False}
 )
 
+#: XLA options of the engine steps on CPU only (read-only): LLVM optimization level 1 instead of 3 for the
+#: machine code. The engine's programs are large (every Newton-CG and CG loop inlines the model, its
+#: linearization and transpose), so LLVM's O3 pipeline is most of their compile time; O1 compiles them in
+#: ~0.65-0.8x the time (64^2 and 128^2 correlated field: 30 -> 20 s and 28 -> 22 s for the three steps) and
+#: they run as fast within the noise (+-5 %: their time is in FFTs and memory-bound loops), ``BENCHMARKS.md``.
+#: Restore O3 with ``compiler_options={"xla_backend_optimization_level": 3}`` (long runs on large grids).
+CPU_COMPILER_OPTIONS = types.MappingProxyType({"xla_backend_optimization_level": 1})
 
-def engine_compiler_options(extra=None) -> dict:
-    """:data:`REPRODUCIBLE_COMPILER_OPTIONS` with ``extra`` (a mapping, or ``None``) merged over them."""
-    return {**REPRODUCIBLE_COMPILER_OPTIONS, **(extra or {})}
+
+def engine_compiler_options(extra=None, platform: str | None = None) -> dict:
+    """The XLA options of the engine steps: :data:`REPRODUCIBLE_COMPILER_OPTIONS`, on ``platform`` ``"cpu"``
+    (default: ``jax.default_backend()``) :data:`CPU_COMPILER_OPTIONS`, and ``extra`` (a mapping, or ``None``)
+    merged over them."""
+    platform = jax.default_backend() if platform is None else platform
+    cpu = CPU_COMPILER_OPTIONS if platform == "cpu" else {}
+    return {**REPRODUCIBLE_COMPILER_OPTIONS, **cpu, **(extra or {})}
 
 
 def check_compiler_options(options, argname: str = "compiler_options") -> dict:
@@ -328,9 +341,9 @@ def reproducible_jit(fn, **jit_kwargs):
 
     Static arguments must be given by name (``static_argnames``); pytrees of
     arrays are the other arguments. ``compiler_options`` (optional) are merged
-    over :data:`REPRODUCIBLE_COMPILER_OPTIONS`; overriding
-    ``xla_disable_hlo_passes`` gives up bitwise reproducibility across device
-    counts.
+    over :func:`engine_compiler_options` for ``platform`` (optional, default:
+    ``jax.default_backend()``); overriding ``xla_disable_hlo_passes`` gives up
+    bitwise reproducibility across device counts.
     """
-    options = engine_compiler_options(jit_kwargs.pop("compiler_options", None))
+    options = engine_compiler_options(jit_kwargs.pop("compiler_options", None), jit_kwargs.pop("platform", None))
     return jax.jit(opaque_constants(fn, jit_kwargs.get("static_argnames", ())), compiler_options=options, **jit_kwargs)

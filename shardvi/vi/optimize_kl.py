@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import time
 from collections.abc import Callable
 
@@ -14,6 +15,7 @@ import numpy as np
 from jax import tree_util as jtu
 
 from .. import tree_math as tm
+from ..compile_cache import persistent_compilation_cache
 from ..minimizers.config import CGConfig, NewtonCGConfig
 from ..minimizers.solution import Solution
 from ..models.model import check_latent
@@ -63,6 +65,12 @@ _format_report, _sample_status = format_report, sample_status
 def _no_samples(p):
     """Empty residual leaf ``(0, *p.shape)`` (from NumPy: no compilation)."""
     return jnp.asarray(np.zeros((0,) + tuple(p.shape), p.dtype))
+
+
+def _platform(strategy) -> str:
+    """The platform a strategy computes on: its devices' (default: JAX's default backend)."""
+    devices = getattr(strategy, "devices", None)
+    return devices[0].platform if devices else jax.default_backend()
 
 
 def _interleave(r):
@@ -200,16 +208,22 @@ class OptimizeVI:
 
         # reproducible_jit: the same arithmetic, bitwise, on any device count and for every strategy;
         # Placed: inputs placed by the strategy that computes on them (same sharding every call: no recompiles)
-        rjit = functools.partial(reproducible_jit, static_argnames="config", compiler_options=self.compiler_options)
+        # (with the XLA options for the platform each strategy computes on)
+        def rjit(fn, strategy):
+            return reproducible_jit(
+                fn, static_argnames="config", compiler_options=self.compiler_options, platform=_platform(strategy)
+            )
+
+        def ejit(fn, strategy):  # the small helpers with the same XLA options (one pipeline for all programs)
+            return jax.jit(fn, compiler_options=engine_compiler_options(self.compiler_options, _platform(strategy)))
+
         lh_s, lh_k = place(sstrat, self.likelihood), place(kstrat, self.likelihood)  # transferred once
-        self._draw_linear = _WithLikelihood(Placed(sstrat, rjit(draw_linear)), lh_s)
-        self._curve = _WithLikelihood(Placed(sstrat, rjit(curve)), lh_s)
-        self._minimize = _WithLikelihood(Placed(kstrat, rjit(minimize)), lh_k)
-        # the small helpers with the same XLA options (one emitter pipeline for all of the engine's programs)
-        ejit = functools.partial(jax.jit, compiler_options=engine_compiler_options(self.compiler_options))
-        self._interleave = Placed(sstrat, ejit(_interleave))
-        self._diagnostics = _WithLikelihood(Placed(kstrat, ejit(diagnostics)), lh_k)
-        self._repeat_keys = Placed(sstrat, ejit(lambda keys: jnp.repeat(keys, 2, axis=0)))
+        self._draw_linear = _WithLikelihood(Placed(sstrat, rjit(draw_linear, sstrat)), lh_s)
+        self._curve = _WithLikelihood(Placed(sstrat, rjit(curve, sstrat)), lh_s)
+        self._minimize = _WithLikelihood(Placed(kstrat, rjit(minimize, kstrat)), lh_k)
+        self._interleave = Placed(sstrat, ejit(_interleave, sstrat))
+        self._diagnostics = _WithLikelihood(Placed(kstrat, ejit(diagnostics, kstrat)), lh_k)
+        self._repeat_keys = Placed(sstrat, ejit(lambda keys: jnp.repeat(keys, 2, axis=0), sstrat))
 
     # -- progress ----------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -419,6 +433,7 @@ def optimize_kl(
     callback: Callable | None = None,
     compiler_options: dict | None = None,
     progress: bool | str | Progress | None = "auto",
+    compilation_cache_dir: str | os.PathLike | None = None,
 ) -> tuple[Samples, OptimizeVIState]:
     """Approximate the posterior with MGVI / geoVI.
 
@@ -481,8 +496,10 @@ def optimize_kl(
         Called after every iteration.
     compiler_options : dict, optional
         Extra XLA options for the compiled sampling and KL steps, merged over
-        :data:`shardvi.parallel.REPRODUCIBLE_COMPILER_OPTIONS` (validated up
-        front). E.g. ``{"xla_cpu_use_fusion_emitters": True}``: XLA:CPU's
+        :data:`shardvi.parallel.REPRODUCIBLE_COMPILER_OPTIONS` and, on CPU,
+        :data:`shardvi.parallel.CPU_COMPILER_OPTIONS` (LLVM optimization level
+        1: ~0.7x the compile time; ``{"xla_backend_optimization_level": 3}``
+        restores XLA's default) (validated up front). E.g. ``{"xla_cpu_use_fusion_emitters": True}``: XLA:CPU's
         default fusion emitters, ~10 % faster iterations for ~1.8x the peak
         memory (128^2 correlated field, ``BENCHMARKS.md``). Overriding
         ``xla_disable_hlo_passes`` gives up bitwise reproducibility across
@@ -495,31 +512,55 @@ def optimize_kl(
         iteration. ``"bar"`` / ``"lines"`` force one of the two; ``False``
         prints nothing. The summary line also always goes to the ``logging``
         logger ``"shardvi"`` (level INFO), whatever ``progress`` is.
+    compilation_cache_dir : str or os.PathLike, optional
+        Opt-in persistent compilation cache (created if missing): the
+        compiled programs are stored there, and a later run of the same
+        problem (same shapes, configs, strategies and devices; the data may
+        differ) loads them instead of compiling: its first iteration runs in
+        about the time of the others, with bitwise the same results. JAX's
+        persistent cache, switched on for this call only
+        (:func:`shardvi.compile_cache.persistent_compilation_cache`; the
+        directory is trusted code, see there). Default: no cache.
 
     Returns
     -------
     (Samples, OptimizeVIState)
     """
-    opt = OptimizeVI(
-        likelihood,
-        n_total_iterations,
-        n_samples=n_samples,
-        sample_mode=sample_mode,
-        mirror_samples=mirror_samples,
-        point_estimates=point_estimates,
-        constants=constants,
-        linear_sampling=linear_sampling,
-        nonlinear_update=nonlinear_update,
-        kl_minimization=kl_minimization,
-        sample_map=sample_map,
-        kl_map=kl_map,
-        devices=devices,
-        compiler_options=compiler_options,
-        progress=progress,
-    )
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable(samples, state), got {type(callback).__name__}")
     check_resume(resume, overwrite, checkpoint_dir)
+    cache = contextlib.nullcontext()
+    if compilation_cache_dir is not None:
+        cache = persistent_compilation_cache(compilation_cache_dir)  # validated (and created) on entry
+    with cache:
+        return _optimize_kl(
+            likelihood,
+            position,
+            key=key,
+            n_total_iterations=n_total_iterations,
+            n_samples=n_samples,
+            sample_mode=sample_mode,
+            mirror_samples=mirror_samples,
+            point_estimates=point_estimates,
+            constants=constants,
+            linear_sampling=linear_sampling,
+            nonlinear_update=nonlinear_update,
+            kl_minimization=kl_minimization,
+            sample_map=sample_map,
+            kl_map=kl_map,
+            devices=devices,
+            checkpoint_dir=checkpoint_dir,
+            resume=resume,
+            overwrite=overwrite,
+            callback=callback,
+            compiler_options=compiler_options,
+            progress=progress,
+        )
+
+
+def _optimize_kl(likelihood, position, *, key, n_total_iterations, callback, checkpoint_dir, resume, overwrite, **kw):
+    """:func:`optimize_kl` without the compilation-cache scope (``kw``: the arguments of :class:`OptimizeVI`)."""
+    opt = OptimizeVI(likelihood, n_total_iterations, **kw)
     samples = position if isinstance(position, Samples) else None
     pos = samples.pos if samples is not None else position
     check_latent(pos, likelihood.domain, "position")
