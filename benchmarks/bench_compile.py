@@ -66,8 +66,6 @@ def _hlo_stats(text):
 
 def child(args):
     jax = C.setup_jax()
-    import jax.numpy as jnp
-
     sv = C.import_shardvi()
     import shardvi.parallel.reproducible as rep
 
@@ -145,7 +143,6 @@ def child(args):
     measure("curve", opt._curve, pos, residuals, ekeys, signs, config=nonlin)
     measure("kl", opt._minimize, pos, residuals, config=kl)
     measure("diag", opt._diagnostics, pos, residuals)
-    del jnp
     print(json.dumps(dict(variant=variant, steps=out, peak_rss_mib=C.peak_rss_mib())))
 
 
@@ -222,9 +219,8 @@ def print_tables(meta, summary):
     base = summary.get("default", {}).get("total", {}).get("compile")
     for v, s in summary.items():
         for name, st in s["steps"].items():
-            rows.append([v, name, C.fmt(st["lower"], ".2f"), C.fmt(st["compile"], ".2f"), st["ops"], st["fft"]])
-            rows[-1].append(C.fmt(st["run"], ".3f"))
-            rows[-1].append("")
+            lower, comp, run = (C.fmt(st[k], f) for k, f in (("lower", ".2f"), ("compile", ".2f"), ("run", ".3f")))
+            rows.append([v, name, lower, comp, st["ops"], st["fft"], run, ""])
         t = s["total"]
         ratio = C.fmt(t["compile"] / base, ".2f") if base else "-"
         rows.append([f"**{v}**", "**all**", C.fmt(t["lower"], ".2f"), C.fmt(t["compile"], ".2f"), "", "", "", ratio])

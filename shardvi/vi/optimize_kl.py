@@ -533,11 +533,9 @@ def optimize_kl(
     if compilation_cache_dir is not None:
         cache = persistent_compilation_cache(compilation_cache_dir)  # validated (and created) on entry
     with cache:
-        return _optimize_kl(
+        opt = OptimizeVI(
             likelihood,
-            position,
-            key=key,
-            n_total_iterations=n_total_iterations,
+            n_total_iterations,
             n_samples=n_samples,
             sample_mode=sample_mode,
             mirror_samples=mirror_samples,
@@ -549,45 +547,36 @@ def optimize_kl(
             sample_map=sample_map,
             kl_map=kl_map,
             devices=devices,
-            checkpoint_dir=checkpoint_dir,
-            resume=resume,
-            overwrite=overwrite,
-            callback=callback,
             compiler_options=compiler_options,
             progress=progress,
         )
-
-
-def _optimize_kl(likelihood, position, *, key, n_total_iterations, callback, checkpoint_dir, resume, overwrite, **kw):
-    """:func:`optimize_kl` without the compilation-cache scope (``kw``: the arguments of :class:`OptimizeVI`)."""
-    opt = OptimizeVI(likelihood, n_total_iterations, **kw)
-    samples = position if isinstance(position, Samples) else None
-    pos = samples.pos if samples is not None else position
-    check_latent(pos, likelihood.domain, "position")
-    pos = jtu.tree_map(lambda x, d: jnp.asarray(x, d.dtype), pos, likelihood.domain)
-    if samples is None:
-        samples = Samples(pos, jtu.tree_map(_no_samples, pos), None)
-    state = opt.init_state(key)
-    if checkpoint_dir is None:
-        return opt.run(samples, state, callback=callback)
-    directory = ckpt.prepare_checkpoint_dir(checkpoint_dir)  # before iteration 0: created and writable
-    fingerprint = _run_fingerprint(opt, pos)
-    with ckpt.checkpoint_lock(directory):  # held until the run ends (or raises)
-        if ckpt.has_checkpoint(directory):
-            if resume:
-                samples, state = ckpt.load_checkpoint(
-                    directory,
-                    pos,
-                    fingerprint=fingerprint,
-                    force=resume == "force",
-                    check_history=functools.partial(_history_differences, opt),
-                )
-                logger.info("resuming from %s at iteration %d", directory, state.nit)
-            elif not overwrite:
-                raise ckpt.CheckpointError(_refusal(directory))
-            else:
-                logger.warning("overwrite=True: a new run replaces the checkpoint in %s", directory)
-        return opt.run(samples, state, checkpoint_dir=directory, callback=callback, fingerprint=fingerprint)
+        samples = position if isinstance(position, Samples) else None
+        pos = samples.pos if samples is not None else position
+        check_latent(pos, likelihood.domain, "position")
+        pos = jtu.tree_map(lambda x, d: jnp.asarray(x, d.dtype), pos, likelihood.domain)
+        if samples is None:
+            samples = Samples(pos, jtu.tree_map(_no_samples, pos), None)
+        state = opt.init_state(key)
+        if checkpoint_dir is None:
+            return opt.run(samples, state, callback=callback)
+        directory = ckpt.prepare_checkpoint_dir(checkpoint_dir)  # before iteration 0: created and writable
+        fingerprint = _run_fingerprint(opt, pos)
+        with ckpt.checkpoint_lock(directory):  # held until the run ends (or raises)
+            if ckpt.has_checkpoint(directory):
+                if resume:
+                    samples, state = ckpt.load_checkpoint(
+                        directory,
+                        pos,
+                        fingerprint=fingerprint,
+                        force=resume == "force",
+                        check_history=functools.partial(_history_differences, opt),
+                    )
+                    logger.info("resuming from %s at iteration %d", directory, state.nit)
+                elif not overwrite:
+                    raise ckpt.CheckpointError(_refusal(directory))
+                else:
+                    logger.warning("overwrite=True: a new run replaces the checkpoint in %s", directory)
+            return opt.run(samples, state, checkpoint_dir=directory, callback=callback, fingerprint=fingerprint)
 
 
 def _run_fingerprint(opt: OptimizeVI, pos) -> dict:
