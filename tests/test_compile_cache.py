@@ -3,22 +3,12 @@
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
+from _small_problem import exp_problem as _problem
 
 import shardvi as sv
 from shardvi.compilation import CompileCounter
-
-
-def _problem():
-    """A small nonlinear (exp link) problem on two latent leaves (MGVI only: the cache works per program)."""
-    domain = {"a": jax.ShapeDtypeStruct((6,), jnp.float64), "b": jax.ShapeDtypeStruct((3,), jnp.float64)}
-    model = sv.Model(lambda xi: jnp.exp(0.3 * xi["a"]) + jnp.tile(xi["b"], 2), domain)
-    truth = model.init(jax.random.PRNGKey(0))
-    data = model(truth) + 0.2 * jax.random.normal(jax.random.PRNGKey(1), (6,))
-    lh = sv.Gaussian(data, noise_std=0.2).amend(model)
-    return lh, jax.tree.map(lambda x: 0.1 * x, model.init(jax.random.PRNGKey(2)))
 
 
 def _run(cache_dir, problem=None, **kwargs):

@@ -18,9 +18,9 @@ WORKER = os.path.join(HERE, "_fault_worker.py")
 # Each trial kills its run 2 to 4 times, then resumes to the end; trials continue until at least MIN_KILLS
 # kills have landed (MIN_TRIALS to MAX_TRIALS trials). Every process start costs seconds (import, tracing,
 # loading the cached executables), so the kills, not the trials, are what the test counts.
-MIN_TRIALS = 4
+MIN_TRIALS = 3
 MAX_TRIALS = 10
-MIN_KILLS = 10
+MIN_KILLS = 8
 N_ITER = 8  # as in _fault_worker.py
 
 

@@ -37,7 +37,8 @@ from .errors import (
 from .kl import kl_metric, kl_value_and_grad
 from .likelihood import Likelihood
 from .masks import parse_selection, project
-from .modes import SampleMode, SampleSource, plan_samples, recorded_as
+from .modes import SampleMode, SamplePlan, SampleSource, plan_samples, recorded_as
+from .precompile import Precompiler
 from .progress import Progress, check_progress, open_display
 from .reporting import format_report, sample_status
 from .samples import Samples
@@ -85,7 +86,12 @@ def _with_progress(method):
     @functools.wraps(method)
     def wrapper(self, samples, state, *args, **kwargs):
         with self._progress_scope(leave):
-            return method(self, samples, state, *args, **kwargs)
+            try:
+                return method(self, samples, state, *args, **kwargs)
+            except BaseException:  # stopped: the steps compiled ahead for later iterations are not needed
+                self._ahead.cancel_pending()
+                self._planned.clear()
+                raise
 
     return wrapper
 
@@ -136,6 +142,7 @@ class OptimizeVI:
         devices=None,
         compiler_options=None,
         progress: bool | str | Progress | None = "auto",
+        precompile: bool = True,
     ):
         check_run_arguments(
             likelihood,
@@ -163,6 +170,12 @@ class OptimizeVI:
         self.kl_strategy = get_strategy(kl_map, "kl_map", devices)
         self.compiler_options = check_compiler_options(compiler_options, "compiler_options")
         self.progress = check_progress(progress, "progress")
+        if not isinstance(precompile, bool):
+            raise TypeError(f"precompile must be a bool, got {type(precompile).__name__}")
+        # steps of coming iterations, compiled in a background thread; not with several processes, whose
+        # programs and transfers must come in the same order in every process
+        self._ahead = Precompiler(precompile and jax.process_count() == 1)
+        self._planned = set()  # iterations whose steps were submitted to it
         self._display = None  # the open progress display (inside run / update)
         self._seen_steps = set()  # (step, config, sample count) already run: compiled
         self._build()
@@ -240,12 +253,63 @@ class OptimizeVI:
             display.close()
 
     def _stage(self, name: str, step=None):
-        """Report that stage ``name`` starts; ``step`` (a hashable key) is compiled on its first run."""
-        compiling = step is not None and step not in self._seen_steps
+        """Report that stage ``name`` starts; ``step`` (a hashable key) is compiled on its first run.
+
+        A step compiled ahead in the background is waited for here (shown as compiling while it is not ready).
+        """
+        compiling = step is not None and step not in self._seen_steps and not self._ahead.ready(step)
         if step is not None:
             self._seen_steps.add(step)
         if self._display is not None:
             self._display.stage(name, compiling)
+        if step is not None:
+            self._ahead.claim(step)
+
+    # -- compiling ahead -----------------------------------------------------------------------
+    def _precompile_ahead(self, samples: Samples, state: OptimizeVIState) -> None:
+        """Submit the steps of this iteration (all but the first, compiled by its call) and of the later ones.
+
+        Once per run (the iterations from ``state.nit`` on, in the order they call their
+        steps; a step already submitted is not submitted again). Stand-in arguments with the
+        shapes, dtypes and placements of the real calls: the background compilations fill
+        the steps' own JAX caches (see :mod:`.precompile`).
+        """
+        if not self._ahead.enabled or state.nit in self._planned:
+            return
+        n_prev = samples.keys.shape[0] if samples.keys is not None and len(samples) > 0 else 0
+        for nit in range(state.nit, self.n_total_iterations):
+            self._planned.add(nit)
+            try:
+                mode, n, lin, nonlin, klc = self._settings(nit)
+            except Exception:  # noqa: BLE001 -- bad settings raise at their own iteration, from update
+                return
+            plan = plan_samples(mode, n, n_prev)
+            steps = self._steps_of(plan, samples.pos, state.key, n, lin, nonlin, klc)
+            for step, thunk in steps[1:] if nit == state.nit else steps:
+                self._ahead.submit(step, thunk)
+            n_prev = 0 if plan.source is SampleSource.NONE else n
+
+    def _steps_of(self, plan: SamplePlan, pos, key, n, lin, nonlin, klc) -> list:
+        """``[(step key, compile thunk)]`` of one iteration, in the order it calls them."""
+        m = 0 if plan.source is SampleSource.NONE else (2 * n if self.mirror_samples else n)
+        residuals = jtu.tree_map(lambda p: np.zeros((m, *np.shape(p)), jnp.result_type(p)), pos)
+        keys = np.zeros((n, *np.shape(key)), jnp.result_type(key))
+        expanded = np.repeat(keys, 2, axis=0) if self.mirror_samples else keys
+        signs = self._signs(n)
+
+        def curve():
+            return self._curve.lower(pos, residuals, expanded, signs, config=nonlin).compile()
+
+        steps = []
+        if plan.source is SampleSource.UPDATE:
+            steps.append((("curve", nonlin, n), curve))
+        elif plan.source is not SampleSource.NONE:
+            steps.append((("draw", lin, n), lambda: self._draw_linear.lower(pos, keys, config=lin).compile()))
+            if plan.mode.nonlinear:
+                steps.append((("curve", nonlin, n), curve))
+        steps.append((("kl", klc, n), lambda: self._minimize.lower(pos, residuals, config=klc).compile()))
+        steps.append((("diagnostics", n), lambda: self._diagnostics.lower(pos, residuals).compile()))
+        return steps
 
     # -- state -------------------------------------------------------------------------------
     def init_state(self, key, nit: int = 0) -> OptimizeVIState:
@@ -334,8 +398,9 @@ class OptimizeVI:
         # fresh or reused keys: one placement, one compiled repeat
         return self._repeat_keys(keys) if self.mirror_samples else place(self.sample_strategy, keys)
 
-    def _signs(self, n):  # built in NumPy: no eager XLA programs to compile
-        return jnp.asarray(np.tile([1.0, -1.0], n) if self.mirror_samples else np.ones((n,)))
+    def _signs(self, n):  # a NumPy array (placed by the step): no eager XLA program to compile
+        signs = np.tile([1.0, -1.0], n) if self.mirror_samples else np.ones((n,))
+        return signs.astype(jax.dtypes.canonicalize_dtype(np.float64))
 
     @_with_progress
     def update(self, samples: Samples, state: OptimizeVIState) -> tuple[Samples, OptimizeVIState]:
@@ -346,6 +411,7 @@ class OptimizeVI:
         assert display is not None  # opened by @_with_progress
         display.start_iteration(nit, self.n_total_iterations)
         mode, n, lin, nonlin, klc = self._settings(nit)
+        self._precompile_ahead(samples, state)
         key, k_samples = jax.random.split(state.key)
         samples, cg_nit, nl_nit, mode, cg_st, nl_st = self.draw_samples(samples, k_samples, mode, n, lin, nonlin, nit)
         samples = place(self.kl_strategy, samples)  # pos, residuals and keys on the same devices
@@ -353,6 +419,7 @@ class OptimizeVI:
         res, ok = self._minimize(samples.pos, samples.residuals, config=klc)
         check_kl_result(res.status, ok, nit)
         samples = samples.at(res.x)
+        self._ahead.claim(("diagnostics", n))
         stats = self._diagnostics(samples.pos, samples.residuals)
         chi2_lh = reduced_chi2(stats[0]) if stats[0] is not None else None
         report = IterationReport(
@@ -434,6 +501,7 @@ def optimize_kl(
     compiler_options: dict | None = None,
     progress: bool | str | Progress | None = "auto",
     compilation_cache_dir: str | os.PathLike | None = None,
+    precompile: bool = True,
 ) -> tuple[Samples, OptimizeVIState]:
     """Approximate the posterior with MGVI / geoVI.
 
@@ -521,6 +589,19 @@ def optimize_kl(
         persistent cache, switched on for this call only
         (:func:`shardvi.compile_cache.persistent_compilation_cache`; the
         directory is trusted code, see there). Default: no cache.
+    precompile : bool
+        ``True`` (default): compile the steps of the running and the later
+        iterations in a background thread while the earlier ones compile and
+        run (the first KL minimization while the first samples are drawn, a
+        geoVI update while the linear iterations before it run), so the
+        compile times overlap. The same programs, bitwise the same results;
+        a step that fails to compile there is compiled again at its call and
+        raises there. Settings given as callables may then be called ahead
+        of (and more than once for) their iteration. ``False``: every step
+        compiles at its first call, in the calling thread (one compilation
+        at a time: lower peak memory). Always ``False`` in multi-process
+        runs (``jax.distributed``): there every process must compile and
+        transfer in the same order.
 
     Returns
     -------
@@ -549,6 +630,7 @@ def optimize_kl(
             devices=devices,
             compiler_options=compiler_options,
             progress=progress,
+            precompile=precompile,
         )
         samples = position if isinstance(position, Samples) else None
         pos = samples.pos if samples is not None else position
