@@ -5,6 +5,7 @@ import os
 import jax
 import numpy as np
 import pytest
+from _parallel_problem import final_arrays
 from _small_problem import exp_problem as _problem
 
 import shardvi as sv
@@ -27,12 +28,6 @@ def _run(cache_dir, problem=None, **kwargs):
     )
 
 
-def _arrays(samples, state):
-    return [np.asarray(x) for x in jax.tree.leaves((samples.pos, samples.residuals, samples.keys))] + [
-        np.asarray([r.kl_energy for r in state.history])
-    ]
-
-
 @pytest.mark.slow
 def test_second_run_compiles_nothing_and_is_bitwise_equal(tmp_path):
     cache = tmp_path / "xla-cache"
@@ -43,7 +38,7 @@ def test_second_run_compiles_nothing_and_is_bitwise_equal(tmp_path):
     problem = _problem()  # built outside the counted runs (its eager ops compile without the cache)
     jax.clear_caches()  # as in a fresh process: programs other tests compiled must not come from memory
     with CompileCounter() as first:
-        ref = _arrays(*_run(cache, problem))
+        ref = final_arrays(*_run(cache, problem))
     assert first.compiled > 0
     assert jax.config.jax_compilation_cache_dir == before, "the run left JAX's cache setting changed"
     written = set(os.listdir(cache)) - {"notes.txt"}
@@ -51,7 +46,7 @@ def test_second_run_compiles_nothing_and_is_bitwise_equal(tmp_path):
     jax.clear_caches()  # drop the in-memory executables: only the directory can spare the compilations
     problem = _problem()
     with CompileCounter() as second:
-        got = _arrays(*_run(str(cache), problem))
+        got = final_arrays(*_run(str(cache), problem))
     assert second.compiled == 0, f"the cached run compiled {second.compiled} programs"
     assert second.cache_hits == second.count > 0  # every program it needed: loaded from the directory
     for a, b in zip(got, ref):
@@ -59,7 +54,7 @@ def test_second_run_compiles_nothing_and_is_bitwise_equal(tmp_path):
     assert keep.read_text() == "the user's file"
     # and without the cache, the same bits again (the cache changes no arithmetic)
     jax.clear_caches()
-    for a, b in zip(_arrays(*_run(None)), ref):
+    for a, b in zip(final_arrays(*_run(None)), ref):
         assert np.array_equal(a, b)
 
 

@@ -7,6 +7,7 @@ import threading
 import jax
 import numpy as np
 import pytest
+from _parallel_problem import final_arrays
 from _small_problem import exp_problem as _problem
 
 import shardvi as sv
@@ -53,8 +54,7 @@ def _run(precompile, **kwargs):
     finally:
         jax.config.update("jax_log_compiles", before)
         jax_logger.removeHandler(handler)
-    arrays = [np.asarray(x) for x in jax.tree.leaves((samples.pos, samples.residuals, samples.keys))]
-    return arrays + [np.asarray([r.kl_energy for r in state.history])], state, handler.builds
+    return final_arrays(samples, state), state, handler.builds
 
 
 @pytest.mark.parametrize(

@@ -68,6 +68,11 @@ def _no_samples(p):
     return jnp.asarray(np.zeros((0,) + tuple(p.shape), p.dtype))
 
 
+def _key_count(samples: Samples) -> int:
+    """The number of sample keys (pairs) ``samples`` carry (0 for none, e.g. before the first iteration)."""
+    return samples.keys.shape[0] if samples.keys is not None and len(samples) > 0 else 0
+
+
 def _platform(strategy) -> str:
     """The platform a strategy computes on: its devices' (default: JAX's default backend)."""
     devices = getattr(strategy, "devices", None)
@@ -276,7 +281,7 @@ class OptimizeVI:
         """
         if not self._ahead.enabled or state.nit in self._planned:
             return
-        n_prev = samples.keys.shape[0] if samples.keys is not None and len(samples) > 0 else 0
+        n_prev = _key_count(samples)
         for nit in range(state.nit, self.n_total_iterations):
             self._planned.add(nit)
             try:
@@ -290,25 +295,31 @@ class OptimizeVI:
             n_prev = 0 if plan.source is SampleSource.NONE else n
 
     def _steps_of(self, plan: SamplePlan, pos, key, n, lin, nonlin, klc) -> list:
-        """``[(step key, compile thunk)]`` of one iteration, in the order it calls them."""
-        m = 0 if plan.source is SampleSource.NONE else (2 * n if self.mirror_samples else n)
-        residuals = jtu.tree_map(lambda p: np.zeros((m, *np.shape(p)), jnp.result_type(p)), pos)
-        keys = np.zeros((n, *np.shape(key)), jnp.result_type(key))
-        expanded = np.repeat(keys, 2, axis=0) if self.mirror_samples else keys
-        signs = self._signs(n)
+        """``[(step key, compile thunk)]`` of one iteration, in the order it calls them.
+
+        The stand-ins are made inside the thunks (in the background, and only for steps submitted).
+        """
+        per_key = 2 if self.mirror_samples else 1
+        m = 0 if plan.source is SampleSource.NONE else per_key * n
+
+        def residuals():
+            return jtu.tree_map(lambda p: np.zeros((m, *np.shape(p)), jnp.result_type(p)), pos)
+
+        def keys(count):  # values do not matter: zeros of the raw keys' shape and dtype
+            return np.zeros((count, *np.shape(key)), jnp.result_type(key))
 
         def curve():
-            return self._curve.lower(pos, residuals, expanded, signs, config=nonlin).compile()
+            return self._curve.lower(pos, residuals(), keys(per_key * n), self._signs(n), config=nonlin).compile()
 
         steps = []
         if plan.source is SampleSource.UPDATE:
             steps.append((("curve", nonlin, n), curve))
         elif plan.source is not SampleSource.NONE:
-            steps.append((("draw", lin, n), lambda: self._draw_linear.lower(pos, keys, config=lin).compile()))
+            steps.append((("draw", lin, n), lambda: self._draw_linear.lower(pos, keys(n), config=lin).compile()))
             if plan.mode.nonlinear:
                 steps.append((("curve", nonlin, n), curve))
-        steps.append((("kl", klc, n), lambda: self._minimize.lower(pos, residuals, config=klc).compile()))
-        steps.append((("diagnostics", n), lambda: self._diagnostics.lower(pos, residuals).compile()))
+        steps.append((("kl", klc, n), lambda: self._minimize.lower(pos, residuals(), config=klc).compile()))
+        steps.append((("diagnostics", n), lambda: self._diagnostics.lower(pos, residuals()).compile()))
         return steps
 
     # -- state -------------------------------------------------------------------------------
@@ -341,7 +352,7 @@ class OptimizeVI:
         positive definite; logs a warning for unconverged sample solves.
         """
         pos = samples.pos
-        n_prev = samples.keys.shape[0] if samples.keys is not None and len(samples) > 0 else 0
+        n_prev = _key_count(samples)
         plan = plan_samples(mode, n, n_prev)
         if plan.source is SampleSource.NONE:
             empty = jtu.tree_map(_no_samples, pos)
