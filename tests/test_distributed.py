@@ -29,7 +29,7 @@ def _run_two_processes(strategy, out):
         JAX_PLATFORMS="cpu",
         PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE, os.environ.get("PYTHONPATH", "")]),
     )
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = "--xla_backend_optimization_level=1"  # one device per process; LLVM level as conftest
     procs = [
         subprocess.Popen(
             [sys.executable, os.path.join(HERE, "_distributed_worker.py"), str(port), str(i), out, strategy],

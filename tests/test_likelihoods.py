@@ -11,6 +11,7 @@ import scipy.stats as st
 from jax.flatten_util import ravel_pytree
 
 import shardvi as sv
+from shardvi.vi.likelihood import AmendedLikelihood
 
 N_LAT = 5
 M = 4
@@ -786,3 +787,64 @@ def test_linearize_with_adjoint_dot_test():
     lhs = float(tm.vdot(adj(u), v))
     rhs = float(np.real(np.vdot(np.asarray(u), np.asarray(jvp(v)))))
     np.testing.assert_allclose(lhs, rhs, rtol=1e-13)
+
+
+def test_sampling_operators_equal_closed_form_and_share_the_model(case):
+    """``sampling_operators(xi)``: ``J^T L`` and ``J^T F J`` from one evaluation and linearization of the model."""
+    c, lh = case
+    xi = XI1
+    lsm, metric = lh.sampling_operators(xi)
+    j = real_jacobian(c.model, xi)
+    s = c.model(xi)
+    m = j.T @ c.fisher(s) @ j
+    np.testing.assert_allclose(dense_linear(metric, DOM), m, rtol=1e-12, atol=1e-12 * np.abs(m).max())
+    ls = dense_linear(lambda e: c.lh.left_sqrt_metric(s, e), c.lh.lsm_tangents_shape)
+    big_l = dense_linear(lsm, lh.lsm_tangents_shape)
+    np.testing.assert_allclose(big_l, j.T @ ls, rtol=1e-12, atol=1e-13)
+    # traced: the model's forward pass once for both (the separate methods evaluate it once each)
+    calls = []
+    counted = sv.Model(lambda x: (calls.append(1), c.model(x))[1], c.model.domain)
+    clh = c.lh.amend(counted)
+    e = jax.tree.map(lambda d: jnp.ones(d.shape, d.dtype), clh.lsm_tangents_shape)
+    t = jax.tree.map(lambda d: jnp.ones(d.shape, d.dtype), clh.domain)
+    calls.clear()  # building the model and amending evaluate its shapes
+
+    def shared(x):
+        op_l, op_m = clh.sampling_operators(x)
+        return op_l(e), op_m(t)
+
+    jax.make_jaxpr(shared)(xi)
+    assert len(calls) == 1
+    calls.clear()
+    jax.make_jaxpr(lambda x: (clh.left_sqrt_metric(x, e), clh.metric_operator(x)(t)))(xi)
+    assert len(calls) == 2
+
+
+def test_sampling_operators_of_sums_and_overriding_subclasses():
+    """A sum combines its parts' shared operators; a subclass overriding a method gets the default pairing."""
+    dom = jax.ShapeDtypeStruct((3,), jnp.float64)
+    m1 = sv.Model(lambda x: jnp.exp(0.5 * x), dom)
+    m2 = sv.Model(lambda x: jnp.tanh(x) + x, dom)
+    lh1 = sv.Poisson(np.array([1, 0, 4])).amend(m1)
+    lh2 = sv.Gaussian(np.array([0.1, -0.4, 0.9]), noise_std=0.3).amend(m2)
+    lh = lh1 + lh2
+    x = jnp.asarray([0.3, -0.2, 0.8])
+    lsm, metric = lh.sampling_operators(x)
+    np.testing.assert_allclose(
+        dense_linear(metric, dom), dense_linear(lambda t: lh.metric(x, t), dom), rtol=1e-13, atol=1e-14
+    )
+    np.testing.assert_allclose(
+        dense_linear(lsm, lh.lsm_tangents_shape),
+        dense_linear(lambda e: lh.left_sqrt_metric(x, e), lh.lsm_tangents_shape),
+        rtol=1e-13,
+        atol=1e-14,
+    )
+
+    class Doubled(AmendedLikelihood):  # a user's override of the square root (here: of the metric 4 J^T F J)
+        def left_sqrt_metric(self, xi, e):
+            return 2.0 * super().left_sqrt_metric(xi, e)
+
+    d = Doubled(sv.Gaussian(np.array([0.1, -0.4, 0.9]), noise_std=0.3), m2)
+    lsm_d, _ = d.sampling_operators(x)
+    e = jnp.asarray([1.0, -2.0, 0.5])
+    np.testing.assert_allclose(lsm_d(e), 2.0 * lh2.left_sqrt_metric(x, e), rtol=1e-14)

@@ -885,3 +885,23 @@ def test_optax_lbfgs_in_optimize_kl_reaches_the_wiener_filter():
     )
     assert state.history[-1].kl_status == Status.CONVERGED
     assert np.max(np.abs(np.asarray(samples.pos) - post_mean)) <= 1e-9
+
+
+def test_cg_warm_start_applies_the_operator_at_one_call_site():
+    """``A x0`` is computed by the loop's first pass: the operator is traced (inlined) once, not twice."""
+    a, b = jnp.asarray(A0), jnp.asarray(B0)
+    traced = []
+
+    def matvec(v):
+        traced.append(1)
+        return a @ v
+
+    x0 = jnp.asarray(np.random.default_rng(5).normal(size=N))
+    jax.make_jaxpr(lambda x: cg_solve(matvec, b, x, tol=1e-10).x)(x0)
+    assert len(traced) == 1
+    # and the warm-started solve is the one from zero on the shifted system, to rounding
+    res = jax.jit(lambda x: cg_solve(matvec, b, x, tol=None, resnorm=1e-10))(x0)
+    shifted = jax.jit(lambda: cg_solve(matvec, b - a @ x0, tol=None, resnorm=1e-10))()
+    assert int(res.nit) == int(shifted.nit)
+    np.testing.assert_allclose(res.x, x0 + shifted.x, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(res.x, np.linalg.solve(A0, B0), rtol=1e-9)

@@ -5,6 +5,8 @@ nonlinear_update) with 3 sample pairs, so the sample axis (3 keys, 6 samples)
 is padded on 2 and 4 devices.
 """
 
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -130,15 +132,9 @@ def _cf_likelihood():
     return sv.Gaussian(data, noise_std=0.1).amend(model), model.init(jax.random.PRNGKey(2))
 
 
-@pytest.mark.slow
-def test_correlated_field_bitwise_across_device_counts():
-    """A realistic model, not only the small pointwise one: 1-device vmap == shard_map(2) == pmap(4), bitwise.
-
-    Regression test: XLA rewrites ``array / scalar`` into a multiplication by
-    the reciprocal in SPMD programs but not in single-device ones (the
-    correlated field's normalizations); ``reproducible_jit`` now does that
-    rewrite itself, everywhere.
-    """
+@functools.cache
+def _cf_run(strategy_name, n_devices, mode):
+    """Final arrays of one iteration (``mode``) on the correlated-field problem; cached per test process."""
     lh, pos0 = _cf_likelihood()
     pos0 = jax.tree.map(lambda x: 0.1 * x, pos0)
     cfg = dict(
@@ -146,21 +142,42 @@ def test_correlated_field_bitwise_across_device_counts():
         nonlinear_update=sv.NewtonCGConfig(xtol=1e-6, maxiter=3),
         kl_minimization=sv.NewtonCGConfig(xtol=1e-6, maxiter=3),
     )
-    devs = jax.devices()
-    runs = []
-    for strategy in (sv.parallel.Vmap(), sv.parallel.ShardMap(devices=devs[:2]), sv.parallel.Pmap(devices=devs[:4])):
-        samples, state = sv.optimize_kl(
-            lh,
-            pos0,
-            key=jax.random.PRNGKey(3),
-            n_total_iterations=1,
-            n_samples=2,
-            sample_mode="nonlinear_resample",
-            sample_map=strategy,
-            kl_map=strategy,
-            **cfg,
+    strategy = {"vmap": sv.parallel.Vmap, "shard_map": sv.parallel.ShardMap, "pmap": sv.parallel.Pmap}[strategy_name]
+    strategy = strategy() if strategy_name == "vmap" else strategy(devices=jax.devices()[:n_devices])
+    samples, state = sv.optimize_kl(
+        lh,
+        pos0,
+        key=jax.random.PRNGKey(3),
+        n_total_iterations=1,
+        n_samples=2,
+        sample_mode=mode,
+        sample_map=strategy,
+        kl_map=strategy,
+        **cfg,
+    )
+    return _arrays(samples, state)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name,n_devices,mode", [("shard_map", 2, "nonlinear_resample"), ("pmap", 4, "linear_resample")], ids=str
+)
+def test_correlated_field_bitwise_across_device_counts(name, n_devices, mode):
+    """A realistic model, not only the small pointwise one: 1-device vmap == shard_map(2) == pmap(4), bitwise.
+
+    Regression test: XLA rewrites ``array / scalar`` into a multiplication by
+    the reciprocal in SPMD programs but not in single-device ones (the
+    correlated field's normalizations); ``reproducible_jit`` now does that
+    rewrite itself, everywhere. Both cases catch that regression (the model's
+    normalizations are in the sampling and KL steps of either mode); shard_map
+    also checks the geoVI step on this model (pmap's geoVI step on the small
+    model: ``test_bitwise_equal_to_one_device_vmap``). The 1-device runs of
+    either mode share their sampling and KL programs (the test session's
+    compilation cache).
+    """
+    got, ref = _cf_run(name, n_devices, mode), _cf_run("vmap", 1, mode)
+    assert len(got) == len(ref)
+    for a, b in zip(got, ref):
+        assert np.array_equal(a, b), (
+            f"{name} on {n_devices} devices differs from 1-device vmap: max |diff| {np.max(np.abs(a - b))}"
         )
-        runs.append(_arrays(samples, state))
-    for other, name in zip(runs[1:], ("shard_map on 2 devices", "pmap on 4 devices")):
-        for a, b in zip(other, runs[0]):
-            assert np.array_equal(a, b), f"{name} differs from 1-device vmap: max |diff| {np.max(np.abs(a - b))}"

@@ -6,6 +6,7 @@ import warnings
 from pathlib import Path
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -215,3 +216,30 @@ def test_a_failed_rewrite_warns_instead_of_passing_silently(monkeypatch):
     f = reproducible.reproducible_jit(lambda x: 0.8 * x)
     with pytest.warns(reproducible.ReproducibilityWarning, match="rewrite failed.*unknown equation"):
         np.testing.assert_allclose(f(jnp.ones(3)), 0.8)
+
+
+def test_every_division_by_a_scalar_becomes_a_reciprocal_multiplication():
+    """``x / s`` with a scalar ``s`` is ``x * (1 / s)`` in every compiled program, scalar ``x`` included.
+
+    ``JitSharding`` maps the per-sample code over the device axis, where a per-sample
+    ``scalar / 3.0`` is an ``array / scalar``: both forms must be rewritten alike (an
+    unrewritten scalar division made a 1-device ``Vmap`` differ from ``JitSharding`` in the last bit).
+    """
+    fn = reproducible.opaque_constants(lambda x, s: (x / s, x[0] / s, jnp.sum(x) / 3.0, x / x))
+    x = jnp.asarray([0.3, 1.7, -2.9])
+    jaxpr = jax.make_jaxpr(fn)(x, jnp.asarray(0.7))
+
+    def divisions(jx):
+        for eqn in jx.eqns:
+            if eqn.primitive.name == "div":
+                yield eqn
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                yield from divisions(sub)
+
+    divs = list(divisions(jaxpr.jaxpr))
+    # three reciprocals 1 / s (their numerator a barrier-wrapped literal 1) and the array / array division
+    assert sorted(tuple(e.invars[0].aval.shape) for e in divs) == [(), (), (), (3,)]
+    got = jax.jit(fn)(x, jnp.asarray(0.7))
+    want = (x * (1 / 0.7), x[0] * (1 / 0.7), jnp.sum(x) * (1 / 3.0), x / x)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)

@@ -105,6 +105,26 @@ def test_linear_sample_covariance(problem):
     assert np.max(np.abs(white - np.eye(N_LAT))) < 6 * np.sqrt(2.0 / n)
 
 
+def test_linear_sample_traces_the_model_once():
+    """An MGVI draw holds one copy of the model's forward pass and one operator call site in its CG.
+
+    The metric sample ``J^T L e1`` and the CG's metric share the model's
+    linearization at ``pos`` (``Likelihood.sampling_operators``), and the CG's
+    start at ``e2`` applies the metric in the loop's first pass, so the program
+    is one forward pass, one transpose for the sample and one ``J``/``J^T`` pair
+    in the loop (a 2-D correlated field: 4 FFTs where 7 were).
+    """
+    calls = []
+    inner = sv.Model(lambda xi: jnp.exp(0.3 * xi), jax.ShapeDtypeStruct((N_LAT,), jnp.float64))
+    model = sv.Model(lambda xi: (calls.append(1), inner(xi))[1], inner.domain)
+    lh = sv.Gaussian(jnp.ones(N_LAT), noise_std=NOISE).amend(model)
+    calls.clear()
+    jax.make_jaxpr(lambda p, k: sv.draw_linear_residual(lh, p, k, sv.CGConfig(tol=1e-8))[0])(
+        jnp.zeros(N_LAT), jax.random.PRNGKey(0)
+    )
+    assert len(calls) == 1
+
+
 @pytest.mark.slow
 def test_linear_sample_cg_starts_at_prior_part():
     """The sampling CG starts at ``e2``: directions the data do not see keep the exact prior draw.

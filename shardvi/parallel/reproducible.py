@@ -29,8 +29,11 @@ in one program and a multiplication by a reciprocal in the other.
 compiled engine steps. The same rewrite also fires in SPMD programs when the
 divisor is an array-wide broadcast of a scalar computed in the program (the
 correlated field's normalizations, ``t / t[-1]``); :func:`opaque_constants`
-therefore writes every ``array / scalar`` as ``array * (1 / scalar)`` itself,
-so that no program has a division left for XLA to rewrite.
+therefore writes every division by a scalar, ``x / scalar``, as
+``x * (1 / scalar)`` itself, so that no program has a division left for XLA
+to rewrite. That includes ``scalar / scalar``: ``JitSharding`` maps the
+per-sample code over its device axis, where a per-sample ``scalar / 3.0``
+becomes an ``array / scalar``; the other strategies run it unbatched.
 
 :func:`reproducible_jit` combines both; :class:`~shardvi.OptimizeVI` compiles
 its sampling and KL steps with it (for every strategy: in the fast mode
@@ -241,13 +244,8 @@ def _rewrite_jaxpr(jaxpr):
             else:
                 invars.append(subst.get(x, x))
         params = {k: _rewrite_param(v) for k, v in eqn.params.items()}
-        if (
-            eqn.primitive is _div_p
-            and _inexact(eqn.outvars[0].aval)
-            and eqn.outvars[0].aval.shape
-            and not invars[1].aval.shape
-        ):
-            # array / scalar: XLA rewrites A / broadcast(b) into A * broadcast(1 / b) in some programs and
+        if eqn.primitive is _div_p and _inexact(eqn.outvars[0].aval) and not invars[1].aval.shape:
+            # x / scalar: XLA rewrites A / broadcast(b) into A * broadcast(1 / b) in some programs and
             # not in others (depending on b's users); do it here, the same way everywhere
             eqns.extend(_reciprocal_multiply(eqn, invars[0], invars[1]))
             continue

@@ -264,7 +264,10 @@ def chunked_apply(fn: Callable, in_axes: tuple, args: tuple, chunk: int | None):
     The mapped arguments' leading axis must be a multiple of ``chunk``. The
     chunks are visited by a ``lax.fori_loop`` whose body is ``vmap(fn)`` over
     one chunk, so every sample sees the same batch shape wherever it is
-    placed. ``chunk=None`` vectorizes the whole axis at once (one ``vmap``).
+    placed; with ``chunk=1`` the body is ``fn`` itself, unbatched (tracing a
+    ``vmap`` over a batch of one through the solvers' nested loops took longer
+    than tracing the solvers). ``chunk=None`` vectorizes the whole axis at once
+    (one ``vmap``).
     """
     xs = tuple(a for a, ax in zip(args, in_axes) if ax == 0)
 
@@ -290,7 +293,10 @@ def chunked_apply(fn: Callable, in_axes: tuple, args: tuple, chunk: int | None):
     def body(i, carry):
         consts, blocks, out = carry
         x = jtu.tree_map(lambda b: jax.lax.dynamic_index_in_dim(b, i, keepdims=False), blocks)
-        y = jax.vmap(run, in_axes=(None,) + (0,) * len(xs))(consts, *x)
+        if chunk == 1:  # one sample per pass: the per-sample program itself, no vmap (see the docstring)
+            y = jtu.tree_map(lambda v: v[None], run(consts, *jtu.tree_map(lambda b: b[0], x)))
+        else:
+            y = jax.vmap(run, in_axes=(None,) + (0,) * len(xs))(consts, *x)
         out = jtu.tree_map(lambda o, v: jax.lax.dynamic_update_index_in_dim(o, v, i, 0), out, y)
         return consts, blocks, out
 

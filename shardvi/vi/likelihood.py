@@ -54,6 +54,11 @@ def _overrides(obj, name: str) -> bool:
     return getattr(type(obj), name) is not getattr(Likelihood, name)
 
 
+def _inherits(obj, cls, *names: str) -> bool:
+    """Whether ``type(obj)`` takes every method in ``names`` from ``cls`` (a subclass overrides none of them)."""
+    return all(getattr(type(obj), n) is getattr(cls, n) for n in names)
+
+
 class _Opaque:
     """A value kept out of the pytree (a static leaf compared by identity): e.g. fingerprint-only arrays."""
 
@@ -168,6 +173,17 @@ class Likelihood(Module):
             )
         _, vjp = jax.vjp(self.transformation, s)
         return tm.linear_adjoint(vjp)(e)
+
+    def sampling_operators(self, s) -> tuple[Callable, Callable]:
+        """``(e -> L(s) e, t -> F(s) t)``: the left square root and the metric at one point.
+
+        What an MGVI sample needs (the metric sample ``L e`` and the metric for
+        its CG solve). What the two share is computed once: for an amended
+        likelihood the model's evaluation and linearization at ``s``, so a
+        sampling program holds one copy of the model's forward pass instead of
+        two. The default is ``(partial(left_sqrt_metric, s), metric_operator(s))``.
+        """
+        return functools.partial(self.left_sqrt_metric, s), self.metric_operator(s)
 
     def normalized_residual(self, s):
         """Noise-weighted data residual at ``s``."""
@@ -345,6 +361,20 @@ class AmendedLikelihood(Likelihood):
         s, vjp = jax.vjp(self.model, xi)
         return tm.linear_adjoint(vjp)(self.likelihood.left_sqrt_metric(s, e))
 
+    def sampling_operators(self, xi):
+        """``(e -> J^T L(s) e, t -> J^T F(s) J t)`` with one evaluation and linearization of the model."""
+        if not _inherits(self, AmendedLikelihood, "left_sqrt_metric", "metric_operator", "metric"):
+            return super().sampling_operators(xi)
+        s, jvp, adj = tm.linearize_with_adjoint(self.model, xi)
+        ls, fs = self.likelihood.sampling_operators(s)
+
+        def lsm(e):
+            if self.lsm_tangents_shape is None:
+                self.left_sqrt_metric(xi, e)  # raises its NotImplementedError
+            return adj(ls(e))
+
+        return lsm, lambda t: adj(fs(jvp(t)))
+
     def normalized_residual(self, xi):
         return self.likelihood.normalized_residual(self.model(xi))
 
@@ -404,10 +434,15 @@ class SumLikelihood(Likelihood):
     def transformation(self, x):
         return (self.a.transformation(self._part(self.keys_a, x)), self.b.transformation(self._part(self.keys_b, x)))
 
-    def metric_operator(self, x):
+    def _summed(self, ma, mb) -> Callable:
+        """``t -> A t + B t`` of operators on the parts' keys."""
         ka, kb = self.keys_a, self.keys_b
-        ma, mb = self.a.metric_operator(self._part(ka, x)), self.b.metric_operator(self._part(kb, x))
         return lambda t: tm.add(self._lift(ka, ma(self._part(ka, t)), t), self._lift(kb, mb(self._part(kb, t)), t))
+
+    def metric_operator(self, x):
+        return self._summed(
+            self.a.metric_operator(self._part(self.keys_a, x)), self.b.metric_operator(self._part(self.keys_b, x))
+        )
 
     def left_sqrt_metric(self, x, e):
         if self.lsm_tangents_shape is None:
@@ -419,6 +454,21 @@ class SumLikelihood(Likelihood):
             self._lift(ka, self.a.left_sqrt_metric(self._part(ka, x), e[0]), x),
             self._lift(kb, self.b.left_sqrt_metric(self._part(kb, x), e[1]), x),
         )
+
+    def sampling_operators(self, x):
+        """Each part's :meth:`~Likelihood.sampling_operators` (what a part's square root and metric share, once)."""
+        if not _inherits(self, SumLikelihood, "left_sqrt_metric", "metric_operator", "metric"):
+            return super().sampling_operators(x)
+        ka, kb = self.keys_a, self.keys_b
+        la, ma = self.a.sampling_operators(self._part(ka, x))
+        lb, mb = self.b.sampling_operators(self._part(kb, x))
+
+        def lsm(e):
+            if self.lsm_tangents_shape is None:
+                self.left_sqrt_metric(x, e)  # raises its NotImplementedError
+            return tm.add(self._lift(ka, la(e[0]), x), self._lift(kb, lb(e[1]), x))
+
+        return lsm, self._summed(ma, mb)
 
     def normalized_residual(self, x):
         return (

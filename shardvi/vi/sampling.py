@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import numpy as np
 
@@ -10,7 +12,6 @@ from ..minimizers.cg import CGResult, cg_solve
 from ..minimizers.config import CGConfig, NewtonCGConfig
 from ..minimizers.newton_cg import OptimizeResult, newton_cg
 from ..models.model import check_latent
-from .kl import hamiltonian_metric_operator
 from .likelihood import Likelihood
 from .masks import project
 
@@ -47,11 +48,12 @@ def _keep(lh, sample_mask):
     return sample_mask
 
 
-def _metric_sample_parts(lh: Likelihood, pos, key, keep):
+def _metric_sample_parts(lh: Likelihood, lsm, key, keep):
+    """``(y, e2)``: the metric sample ``y = L e1 + e2`` (``lsm``: ``e -> L e``) and its prior part ``e2``."""
     k1, k2 = jax.random.split(key)
     e1 = tm.random_like(k1, lh.lsm_tangents_shape)
     e2 = project(keep, tm.random_like(k2, lh.domain))
-    return project(keep, tm.add(lh.left_sqrt_metric(pos, e1), e2)), e2
+    return project(keep, tm.add(lsm(e1), e2)), e2
 
 
 def metric_sample(lh: Likelihood, pos, key, sample_mask=None):
@@ -59,7 +61,7 @@ def metric_sample(lh: Likelihood, pos, key, sample_mask=None):
 
     ``e1`` (data-like) and ``e2`` (latent) are white and drawn from ``key``.
     """
-    return _metric_sample_parts(lh, pos, key, _keep(lh, sample_mask))[0]
+    return _metric_sample_parts(lh, functools.partial(lh.left_sqrt_metric, pos), key, _keep(lh, sample_mask))[0]
 
 
 def draw_linear_residual(
@@ -98,8 +100,11 @@ def draw_linear_residual(
     """
     _check_inputs(lh, pos, key, config, CGConfig)
     keep = _keep(lh, sample_mask)
-    y, e2 = _metric_sample_parts(lh, pos, key, keep)
-    metric = hamiltonian_metric_operator(lh, pos)  # the model is evaluated at pos once, not per CG iteration
+    # the square root and the metric at pos share the model's evaluation and linearization there (computed once,
+    # not per CG iteration); the metric sample and the CG solve use them
+    lsm, lh_metric = lh.sampling_operators(pos)
+    y, e2 = _metric_sample_parts(lh, lsm, key, keep)
+    metric = lambda v: tm.add(lh_metric(v), v)  # noqa: E731 -- the Hamiltonian's metric M = J^T F J + I
     # M = J^T F J + I >= I: a direction with d.M.d < |d|^2 (beyond rounding) means a broken likelihood metric
     # (e.g. a noise covariance that is not positive definite); CG stops there with NONPOSITIVE_CURVATURE
     res = cg_solve(
