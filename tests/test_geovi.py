@@ -1,6 +1,7 @@
 """geoVI beats MGVI on a strongly nonlinear 1-D problem (exact answer by quadrature)."""
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -135,3 +136,30 @@ def test_geovi_inner_cg_applies_only_the_linearized_map(fft_problem):
     newton = [n for d, n in bodies if d == 1]
     inner = [n for d, n in bodies if d == 2]
     assert newton == [2] and sorted(inner) == [4, 4]  # inner: the CG solve and the line search (value+grad)
+
+
+def test_geovi_update_evaluates_the_model_three_times():
+    """Where the square root is ``Jbar^T`` the metric sample reuses the linearization at ``pos``.
+
+    The compiled update then holds three forward passes of the model: at ``pos``
+    (with ``Jbar``), in the line search (``g`` and its gradient) and per Newton
+    step (the Gauss-Newton metric); counted as the model's ``exp`` in the jaxpr
+    (its derivatives reuse the forward's output). Four before the sample shared it.
+    """
+    dom = jax.ShapeDtypeStruct((5,), jnp.float64)
+    model = sv.Model(lambda xi: jnp.exp(0.3 * xi), dom)
+    lh = sv.Poisson(np.array([1, 0, 4, 2, 3])).amend(model)
+    assert lh._lsm_from_transformation
+    jaxpr = jax.make_jaxpr(
+        lambda p, r, k: sv.nonlinearly_update_residual(lh, p, r, k, 1.0, sv.NewtonCGConfig(xtol=1e-8, maxiter=3))[0]
+    )(jnp.zeros(5), jnp.full(5, 0.1), jax.random.PRNGKey(0))
+
+    def count(jx, name):
+        n = 0
+        for eqn in jx.eqns:
+            n += eqn.primitive.name == name
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                n += count(sub, name)
+        return n
+
+    assert count(jaxpr.jaxpr, "exp") == 3

@@ -848,3 +848,16 @@ def test_sampling_operators_of_sums_and_overriding_subclasses():
     lsm_d, _ = d.sampling_operators(x)
     e = jnp.asarray([1.0, -2.0, 0.5])
     np.testing.assert_allclose(lsm_d(e), 2.0 * lh2.left_sqrt_metric(x, e), rtol=1e-14)
+
+
+def test_declared_transformation_square_roots_are_the_transformations_vjp(case):
+    """``_lsm_from_transformation`` holds exactly where ``left_sqrt_metric`` is ``(dT/ds)^T`` (geoVI relies on it)."""
+    c, lh = case
+    xi = XI1
+    big_l = dense_linear(lambda e: lh.left_sqrt_metric(xi, e), lh.lsm_tangents_shape)
+    _, vjp = jax.vjp(lh.transformation, xi)
+    jt = dense_linear(lambda e: vjp(e)[0], lh.lsm_tangents_shape)
+    same = np.allclose(big_l, jt, rtol=1e-12, atol=1e-13 * np.abs(big_l).max())
+    assert lh._lsm_from_transformation == c.lh._lsm_from_transformation == same
+    # the variable-covariance Gaussian's square root is not its transformation's (the others' are)
+    assert same == (not isinstance(c.lh, sv.VariableCovarianceGaussian))

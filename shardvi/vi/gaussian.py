@@ -85,6 +85,8 @@ class Gaussian(Likelihood):
         r = tm.sub(self.data, s)
         return 0.5 * tm.vdot(r, self._n_inv(r))
 
+    lsm_is_transformation_vjp = True  # left_sqrt_metric below is (dT/ds)^T e
+
     def transformation(self, s):
         return self._n_inv_sqrt(s)
 

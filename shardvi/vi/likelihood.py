@@ -128,9 +128,20 @@ class Likelihood(Module):
             raise ValueError("lsm_tangents_shape is required with an explicit left_sqrt_metric and no transformation")
         self.lsm_tangents_shape = lsm_tangents_shape
 
+    #: Set ``True`` in a subclass whose explicit :meth:`left_sqrt_metric` is ``(dT/ds)^T e``, the transpose of the
+    #: transformation's linearization (e.g. a transformation ``T(s) = W s`` with a self-adjoint ``W`` and square
+    #: root ``e -> W e``). The geoVI update then draws its metric sample with the linearization of ``T`` it
+    #: computes anyway: one model evaluation fewer in its compiled program. The default square root is one.
+    lsm_is_transformation_vjp: bool = False
+
     @property
     def _has_explicit_lsm(self) -> bool:
         return _overrides(self, "left_sqrt_metric")
+
+    @property
+    def _lsm_from_transformation(self) -> bool:
+        """Whether ``left_sqrt_metric(s, e) == (dT/ds)^T e`` (up to rounding) for the transformation ``T``."""
+        return self.has_transformation and (self.lsm_is_transformation_vjp or not self._has_explicit_lsm)
 
     def _transformation_metric(self, s) -> Callable:
         """``t -> (dT/ds)^T (dT/ds) t`` at ``s``: the metric derived from the transformation."""
@@ -383,6 +394,11 @@ class AmendedLikelihood(Likelihood):
         return self.likelihood.has_transformation
 
     @property
+    def _lsm_from_transformation(self) -> bool:
+        own = _inherits(self, AmendedLikelihood, "left_sqrt_metric", "transformation")
+        return own and self.likelihood._lsm_from_transformation
+
+    @property
     def has_normalized_residual(self) -> bool:
         return self.likelihood.has_normalized_residual
 
@@ -479,6 +495,11 @@ class SumLikelihood(Likelihood):
     @property
     def has_transformation(self) -> bool:
         return self.a.has_transformation and self.b.has_transformation
+
+    @property
+    def _lsm_from_transformation(self) -> bool:
+        own = _inherits(self, SumLikelihood, "left_sqrt_metric", "transformation")
+        return own and self.a._lsm_from_transformation and self.b._lsm_from_transformation
 
     @property
     def has_normalized_residual(self) -> bool:

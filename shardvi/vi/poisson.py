@@ -40,6 +40,8 @@ class Poisson(Likelihood):
         parts = jtu.tree_map(lambda si, di: jnp.sum(si - di * jnp.log(si)), s, self.counts)
         return sum(jtu.tree_leaves(parts))
 
+    lsm_is_transformation_vjp = True  # left_sqrt_metric below is (dT/ds)^T e
+
     def transformation(self, s):
         return jtu.tree_map(lambda x: 2.0 * jnp.sqrt(x), s)
 

@@ -138,9 +138,11 @@ def nonlinearly_update_residual(
     coordinate map is ``g(xi) = xi + Jbar^T (x(xi) - x(pos))`` and
     ``y ~ N(0, M(pos))`` is the metric sample drawn with
     ``metric_sample_key`` (the same ``y`` whose CG solve gave the linear
-    residual). The root of ``delta(r) = g(pos + r) - g(pos) - sign*y`` is found
-    by Newton-CG on ``|delta|^2 / 2`` with the Gauss-Newton Hessian
-    ``J_g^T J_g``, starting from ``residual``. For a linear model the linear
+    residual; to rounding where the likelihood's square root is ``Jbar^T``,
+    which this step then applies). The root of
+    ``delta(r) = g(pos + r) - g(pos) - sign*y`` is found by Newton-CG on
+    ``|delta|^2 / 2`` with the Gauss-Newton Hessian ``J_g^T J_g``, starting
+    from ``residual``. For a linear model the linear
     residual is already the root.
 
     ``config.xtol`` bounds the remaining Newton step ``J_g^-1 delta``: the inner
@@ -160,9 +162,12 @@ def nonlinearly_update_residual(
             "and their amend/sum provide it)"
         )
     keep = _keep(lh, sample_mask)
-    y = tm.scale(metric_sample_sign, metric_sample(lh, pos, metric_sample_key, keep))
     x_bar, vjp_bar = jax.vjp(lh.transformation, pos)
     jbar_t = tm.linear_adjoint(vjp_bar)
+    # the metric sample's square root: Jbar^T itself where that is the likelihood's (one model evaluation fewer
+    # in the program), else the likelihood's own
+    lsm = jbar_t if lh._lsm_from_transformation else functools.partial(lh.left_sqrt_metric, pos)
+    y = tm.scale(metric_sample_sign, _metric_sample_parts(lh, lsm, metric_sample_key, keep)[0])
 
     def delta(r):
         r = project(keep, r)

@@ -57,6 +57,8 @@ class StudentT(Likelihood):
         )
         return sum(jtu.tree_leaves(parts))
 
+    lsm_is_transformation_vjp = True  # left_sqrt_metric below is (dT/ds)^T e
+
     def transformation(self, s):
         return jtu.tree_map(lambda si, f: f * si, s, self.fisher_sqrt)
 
