@@ -15,8 +15,8 @@ import tempfile
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The programs the tests compile outside the engine (test-local jits, eager ops such as jax.random.normal)
 # at the LLVM level the engine's steps use on CPU (shardvi.parallel.CPU_COMPILER_OPTIONS) instead of XLA's
-# default 3: the same results (no fast-math at any level), a fraction of the compile time (a 4-D
-# jax.random.normal: 4.9 s at level 3, 0.4 s at level 1). The engine steps set their level themselves.
+# default 3 (no fast-math at either level), in a fraction of the compile time (a 4-D jax.random.normal:
+# 4.9 s at level 3, 0.4 s at level 1). The engine steps set their level themselves.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=1").strip()
 
