@@ -18,6 +18,7 @@ from shardvi.models import (
     position_to_harmonic,
     power_analyze,
 )
+from shardvi.models.correlated_field import prefix_sum
 
 Z = 5.0  # tolerance in standard errors (fixed keys: deterministic)
 N_DRAWS = 200
@@ -252,6 +253,29 @@ def _pinned_iwp_var(t, T, sigma, asp):
         return sigma**2 * (s * s * u / 2 - s**3 / 6 + asp * s)
 
     return cov(t, t) - 2 * t / T * cov(t, T) + (t / T) ** 2 * cov(T, T)
+
+
+@pytest.mark.parametrize("n", [1, 2, 31, 32, 33, 1023, 1619, 40000])
+def test_prefix_sum_is_cumsum(n):
+    """The blocked prefix sum the log-spectrum uses equals ``np.cumsum`` (up to the order of the
+    additions), under ``vmap`` too, and its transpose is the reversed cumulative sum."""
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal(n)
+    got = np.asarray(jax.jit(prefix_sum)(jnp.asarray(x)))
+    want = np.cumsum(x)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-13 * np.sqrt(n) * np.abs(x).max() * max(1, np.log2(n)))
+    batch = rng.standard_normal((3, n))
+    np.testing.assert_allclose(
+        np.asarray(jax.vmap(prefix_sum)(jnp.asarray(batch))), np.cumsum(batch, axis=1), rtol=0, atol=1e-10
+    )
+    ct = rng.standard_normal(n)
+    _, vjp = jax.vjp(prefix_sum, jnp.asarray(x))
+    np.testing.assert_allclose(np.asarray(vjp(jnp.asarray(ct))[0]), np.cumsum(ct[::-1])[::-1], rtol=0, atol=1e-10)
+    assert prefix_sum(jnp.zeros((0,))).shape == (0,)
+    x32 = np.asarray(x, np.float32)
+    got32 = prefix_sum(jnp.asarray(x32))
+    assert got32.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got32), np.cumsum(x, dtype=np.float64), rtol=0, atol=1e-5 * np.sqrt(n) * 4)
 
 
 @pytest.mark.parametrize("asperity", [None, 0.5])

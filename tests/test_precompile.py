@@ -28,25 +28,39 @@ SETTINGS = dict(
 ENGINE_STEPS = ("draw_linear", "curve", "minimize", "diagnostics")
 
 
+#: the precompiler's step keys -> the programs' names
+STEP_PROGRAMS = dict(draw="draw_linear", curve="curve", kl="minimize", diagnostics="diagnostics")
+
+
 class _Builds(logging.Handler):
-    """The engine-step programs JAX builds (``jax_log_compiles``), with the thread that built each."""
+    """The engine-step programs JAX builds (``jax_log_compiles``), with the thread that built each.
+
+    ``stolen``: the programs lowered in the background and compiled by the calling thread (claimed
+    while the compile thread was busy with another step).
+    """
 
     def __init__(self):
         super().__init__()
-        self.builds = []
+        self.builds, self.stolen = [], []
 
     def emit(self, record):
-        m = re.search(r"Finished XLA compilation of jit\((\w+)\)", record.getMessage())
+        msg = record.getMessage()
+        m = re.search(r"Finished XLA compilation of jit\((\w+)\)", msg)
         if m and m[1] in ENGINE_STEPS:
             self.builds.append((m[1], record.threadName))
+        m = re.match(r"compiling \('(\w+)'.* in the calling thread \(lowered in the background\)", msg)
+        if m:
+            self.stolen.append(STEP_PROGRAMS[m[1]])
 
 
 def _run(precompile, **kwargs):
     lh, pos = PROBLEM
-    handler, jax_logger = _Builds(), logging.getLogger("jax")
+    handler, jax_logger, sv_logger = _Builds(), logging.getLogger("jax"), logging.getLogger("shardvi.vi")
     jax_logger.addHandler(handler)
-    before = jax.config.jax_log_compiles
+    sv_logger.addHandler(handler)
+    before, sv_level = jax.config.jax_log_compiles, sv_logger.level
     jax.config.update("jax_log_compiles", True)  # global: jax.log_compiles() would not reach the background thread
+    sv_logger.setLevel(logging.DEBUG)
     try:
         samples, state = sv.optimize_kl(
             lh, pos, key=jax.random.PRNGKey(3), precompile=precompile, **{**SETTINGS, **kwargs}
@@ -54,7 +68,9 @@ def _run(precompile, **kwargs):
     finally:
         jax.config.update("jax_log_compiles", before)
         jax_logger.removeHandler(handler)
-    return final_arrays(samples, state), state, handler.builds
+        sv_logger.removeHandler(handler)
+        sv_logger.setLevel(sv_level)
+    return final_arrays(samples, state), state, handler
 
 
 @pytest.mark.parametrize(
@@ -85,11 +101,13 @@ def test_each_step_built_once_ahead_of_its_call(kwargs, n_programs):
     a stand-in whose shape or placement differed from the real call would make the call build its own
     program, on the calling thread.
     """
-    _, state, builds = _run(True, **kwargs)
+    _, state, log = _run(True, **kwargs)
+    builds = log.builds
     assert [r.n_samples for r in state.history][-2:] in ([1, 1], [0, 2])
     assert len(builds) == n_programs, builds
     main = [name for name, thread in builds if not thread.startswith("shardvi-precompile")]
-    assert main == ["draw_linear"], builds  # the first step of the run; all others were compiled ahead
+    # the first step of the run; all others were lowered ahead, and compiled ahead unless the call came first
+    assert main == ["draw_linear", *log.stolen], (builds, log.stolen)
 
 
 def test_same_bits_as_compiling_at_each_call():
@@ -132,15 +150,17 @@ def test_precompile_must_be_bool():
 # -- the Precompiler itself ------------------------------------------------------------------------------
 def test_precompiler_claim_waits_cancels_and_swallows():
     pc = Precompiler()
-    gate, ran = threading.Event(), []
+    gate, started, ran = threading.Event(), threading.Event(), []
 
     def slow():
+        started.set()
         gate.wait(5)
         ran.append("slow")
 
     pc.submit("a", slow)
     pc.submit("b", lambda: ran.append("b"))
     pc.submit("a", lambda: ran.append("again"))  # a key is submitted once
+    assert started.wait(5)
     pc.claim("b")  # not started (the worker is busy with "a"): cancelled, the caller compiles it
     assert pc.pending() == ("a",)
     gate.set()
@@ -169,6 +189,97 @@ def test_precompiler_disabled_and_cancel_pending():
     pc.submit("later", lambda: ran.append("later"))  # a cancelled key can be submitted again
     pc.claim("later")
     assert ran in ([], ["later"])  # cancelled by the claim or run before it, never twice
+
+
+class _Lowered:
+    """A stand-in for ``jax.stages.Lowered``: ``compile()`` records the thread and waits for ``gate``."""
+
+    def __init__(self, name, log, gate=None):
+        self.name, self.log, self.gate = name, log, gate
+
+    def compile(self):
+        self.log.append(("compile " + self.name, threading.current_thread().name))
+        if self.gate is not None:
+            self.gate.wait(5)
+        return self.name
+
+
+def test_precompiler_pipelines_lowering_and_compiling():
+    """The next step is lowered while the previous one compiles, in another thread; claims wait for both stages."""
+    pc = Precompiler()
+    log, compiling_a, lowered_b = [], threading.Event(), threading.Event()
+
+    class _SlowCompile(_Lowered):
+        def compile(self):
+            compiling_a.set()
+            assert lowered_b.wait(5), "b was not lowered while a compiled"
+            return super().compile()
+
+    def lower(name, cls=_Lowered, after=None):
+        def thunk():
+            log.append(("lower " + name, threading.current_thread().name))
+            if after is not None:
+                after.set()
+            return cls(name, log)
+
+        return thunk
+
+    pc.submit("a", lower("a", _SlowCompile))
+    pc.submit("b", lower("b", after=lowered_b))
+    assert lowered_b.wait(5)
+    pc.claim("a")  # being compiled: waited for
+    assert pc.ready("b") or pc._jobs["b"].state in ("to-compile", "compiling")
+    pc.join()
+    assert pc.ready("b")
+    pc.claim("b")
+    assert [s for s, _ in log] == ["lower a", "lower b", "compile a", "compile b"]
+    threads = dict(log)
+    assert threads["lower a"] == threads["lower b"] != threads["compile a"] == threads["compile b"]
+    assert threads["lower a"].startswith("shardvi-precompile") and threads["compile a"].startswith("shardvi-precompile")
+    assert compiling_a.is_set() and pc.pending() == ()
+
+
+def test_precompiler_caller_compiles_a_lowered_step_waiting_for_the_compile_thread():
+    pc = Precompiler()
+    log, gate = [], threading.Event()
+    pc.submit("busy", lambda: _Lowered("busy", log, gate))
+    pc.submit("next", lambda: _Lowered("next", log))
+    for _ in range(500):  # "next" is lowered once the lowering thread is free; its compile waits for "busy"
+        if pc._jobs["next"].state == "to-compile" and log:
+            break
+        threading.Event().wait(0.01)
+    assert pc._jobs["next"].state == "to-compile"
+    pc.claim("next")  # lowered, the compile thread busy: compiled here, not lowered again
+    assert log == [("compile busy", log[0][1]), ("compile next", threading.current_thread().name)]
+    assert pc.pending() == ("busy",)
+    gate.set()
+    pc.claim("busy")
+    pc.join()
+    assert [s for s, _ in log] == ["compile busy", "compile next"]  # each once
+
+
+def test_precompiler_drops_a_step_lowered_across_cancel_pending():
+    pc = Precompiler()
+    log, gate = [], threading.Event()
+
+    def slow_lowering():
+        gate.wait(5)
+        return _Lowered("slow", log)
+
+    pc.submit("slow", slow_lowering)
+    for _ in range(500):
+        if pc._jobs["slow"].state == "lowering":
+            break
+        threading.Event().wait(0.01)
+    pc.cancel_pending()  # the run stopped while "slow" was being lowered
+    gate.set()
+    pc.submit("after", lambda: _Lowered("after", log))
+    pc.join()
+    pc.claim("after")
+    assert [s for s, _ in log] == ["compile after"]  # "slow" is not compiled after its lowering
+    pc.submit("slow", lambda: _Lowered("slow", log))  # and can be submitted again
+    pc.claim("slow")
+    assert [s for s, _ in log] in (["compile after"], ["compile after", "compile slow"])
 
 
 def test_exit_hook_drops_queued_compilations():

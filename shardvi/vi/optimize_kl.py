@@ -295,7 +295,7 @@ class OptimizeVI:
             n_prev = 0 if plan.source is SampleSource.NONE else n
 
     def _steps_of(self, plan: SamplePlan, pos, key, n, lin, nonlin, klc) -> list:
-        """``[(step key, compile thunk)]`` of one iteration, in the order it calls them.
+        """``[(step key, lowering thunk)]`` of one iteration, in the order it calls them (but see below).
 
         The stand-ins are made inside the thunks (in the background, and only for steps submitted).
         """
@@ -309,17 +309,19 @@ class OptimizeVI:
             return np.zeros((count, *np.shape(key)), jnp.result_type(key))
 
         def curve():
-            return self._curve.lower(pos, residuals(), keys(per_key * n), self._signs(n), config=nonlin).compile()
+            return self._curve.lower(pos, residuals(), keys(per_key * n), self._signs(n), config=nonlin)
 
         steps = []
         if plan.source is SampleSource.UPDATE:
             steps.append((("curve", nonlin, n), curve))
         elif plan.source is not SampleSource.NONE:
-            steps.append((("draw", lin, n), lambda: self._draw_linear.lower(pos, keys(n), config=lin).compile()))
+            steps.append((("draw", lin, n), lambda: self._draw_linear.lower(pos, keys(n), config=lin)))
             if plan.mode.nonlinear:
                 steps.append((("curve", nonlin, n), curve))
-        steps.append((("kl", klc, n), lambda: self._minimize.lower(pos, residuals(), config=klc).compile()))
-        steps.append((("diagnostics", n), lambda: self._diagnostics.lower(pos, residuals()).compile()))
+        # the small diagnostics step before the KL step, which it follows in the call order: it then compiles
+        # while the KL step is still being lowered instead of delaying the compilations after that
+        steps.append((("diagnostics", n), lambda: self._diagnostics.lower(pos, residuals())))
+        steps.append((("kl", klc, n), lambda: self._minimize.lower(pos, residuals(), config=klc)))
         return steps
 
     # -- state -------------------------------------------------------------------------------
