@@ -51,6 +51,7 @@ _EXPORTS = {
         "prior_model",
     ),
     "vi": (
+        "BlockedLikelihood",
         "CheckpointError",
         "Gaussian",
         "IterationReport",
@@ -97,6 +98,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real imports
     )
     from .module import Module  # noqa: F401
     from .vi import (  # noqa: F401
+        BlockedLikelihood,
         CheckpointError,
         Gaussian,
         IterationReport,

@@ -182,3 +182,14 @@ class Module:
 
     def __delattr__(self, name):
         raise AttributeError(f"{type(self).__name__} is immutable: cannot delete {name!r}")
+
+    def _replaced(self, **changes):
+        """A copy with the attributes in ``changes`` replaced (``__init__`` is not run: no validation)."""
+        new = object.__new__(type(self))
+        for name, value in vars(self).items():
+            if name not in (_FROZEN, _LAYOUT):
+                object.__setattr__(new, name, changes.pop(name, value))
+        if changes:
+            raise AttributeError(f"{type(self).__name__} has no attributes {sorted(changes)}")
+        object.__setattr__(new, _FROZEN, True)
+        return new

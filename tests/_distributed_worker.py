@@ -4,7 +4,8 @@
 
 Joins a 2-process JAX runtime on 127.0.0.1 with 2 CPU devices per process,
 runs a short reconstruction with ``STRATEGY`` over all 4 global devices and
-(process 0) saves samples, position and KL energies.
+(process 0) saves samples, position and KL energies; with ``shard_map`` also a
+model-parallel run (``model_shards=2``, the data blocks split over the processes).
 """
 
 import os
@@ -31,6 +32,16 @@ def main(port: int, process_id: int, out: str, strategy: str) -> None:
     arrays = final_arrays(samples, state)  # replicated outputs: every process can read them
     if process_id == 0:
         np.savez(out, *arrays)
+    if strategy == "shard_map":  # model parallelism: the data blocks split over the two processes
+        from _model_parallel_problem import masked_problem, run_layout
+
+        model, _, blocked = masked_problem()
+        pos = jax.tree.map(lambda v: 0.1 * v, model.init(jax.random.PRNGKey(5)))
+        d = jax.devices()  # process-major: rows (p0, p1) put the model axis across the processes
+        mp = sv.parallel.ShardMap(devices=[d[0], d[2], d[1], d[3]], model_shards=2)
+        got, kl, _ = run_layout(blocked, pos, mp)
+        if process_id == 0:
+            np.savez(out.replace(".npz", "_model.npz"), *[np.asarray(a) for a in got], kl=np.asarray(kl))
     sv.parallel.shutdown_distributed()
 
 

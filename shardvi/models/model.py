@@ -89,6 +89,32 @@ def _all_finite(a) -> bool:
     return bool(np.all(np.isfinite(np.asarray(a))))
 
 
+def _check_data_inputs(inputs):
+    """A non-empty pytree of arrays sharing a leading data axis of length >= 1 (kept where they are)."""
+    leaves, treedef = jtu.tree_flatten(inputs)
+    if not leaves:
+        raise ValueError(f"data_inputs must contain at least one array, got {inputs!r}")
+    out, lengths = [], set()
+    for path, leaf in jtu.tree_flatten_with_path(inputs)[0]:
+        where = jtu.keystr(path) or "data_inputs"
+        if not (isinstance(leaf, jax.Array) or hasattr(leaf, "__array__")):
+            raise TypeError(f"data_inputs{jtu.keystr(path)} must be an array, got {type(leaf).__name__}")
+        arr = leaf if isinstance(leaf, jax.Array) else np.asarray(leaf)
+        if arr.dtype.kind not in "biufc":
+            raise TypeError(f"data_inputs{jtu.keystr(path)} must be numeric, got dtype {arr.dtype}")
+        if arr.ndim == 0:
+            raise ValueError(f"data_inputs{jtu.keystr(path)} is a scalar: every input needs the data axis in front")
+        lengths.add((where, int(arr.shape[0])))
+        out.append(arr)
+    if len({n for _, n in lengths}) != 1:
+        raise ValueError(
+            f"data_inputs leaves must share the length of their leading (data) axis, got {sorted(lengths)}"
+        )
+    if next(iter(lengths))[1] == 0:
+        raise ValueError("data_inputs have an empty data axis")
+    return jtu.tree_unflatten(treedef, out)
+
+
 class Model(Module):
     """A forward model ``s = call(xi)`` with a standard-normal latent ``xi``.
 
@@ -104,21 +130,47 @@ class Model(Module):
     Parameters
     ----------
     call : callable
-        Pure JAX function of one latent pytree.
+        Pure JAX function of one latent pytree; with ``data_inputs``, of the
+        latent and one block of the inputs: ``call(xi, inputs_block)`` gives
+        the predictions for that block of data.
     domain : pytree of jax.ShapeDtypeStruct
         Shapes and dtypes of the latent parameters ``xi ~ N(0, I)``.
+    data_inputs : pytree of arrays, optional
+        Per-datum inputs of the forward model, every leaf with the data axis
+        in front (length ``N``, the data's length), e.g. ``{"u": u, "v": v}``
+        for visibilities or pixel indices for pixel-wise data. They let a
+        likelihood amended with ``data_blocks`` (:meth:`Likelihood.amend
+        <shardvi.Likelihood.amend>`) evaluate the model block by block, each
+        device on the blocks it holds (model parallelism); ``model(xi)`` is
+        ``call(xi, data_inputs)``, all data at once.
 
     Attributes
     ----------
     target : pytree of jax.ShapeDtypeStruct
-        Shapes and dtypes of ``call(xi)`` (from ``jax.eval_shape``).
+        Shapes and dtypes of ``model(xi)`` (from ``jax.eval_shape``).
+    n_data : int or None
+        The length of the data axis of ``data_inputs`` (``None`` without).
     """
 
-    def __init__(self, call: Callable, domain):
+    def __init__(self, call: Callable, domain, data_inputs=None):
         if not callable(call):
             raise TypeError(f"call must be callable, got {type(call).__name__}")
         self.call = call
+        self.data_inputs = None if data_inputs is None else _check_data_inputs(data_inputs)
         self.set_domain(domain)
+
+    @property
+    def n_data(self) -> int | None:
+        """Length of the data axis of ``data_inputs`` (``None`` without them)."""
+        if getattr(self, "data_inputs", None) is None:
+            return None
+        return int(np.shape(jtu.tree_leaves(self.data_inputs)[0])[0])
+
+    def call_block(self, xi, inputs):
+        """``call(xi, inputs)``: the predictions for one block of ``data_inputs`` (requires them)."""
+        if getattr(self, "data_inputs", None) is None:
+            raise TypeError("call_block needs a Model built with data_inputs")
+        return self.call(xi, inputs)
 
     def set_domain(self, domain) -> None:
         """Set ``domain`` (validated, real) and ``target`` (the output shapes of ``self(xi)``)."""
@@ -126,6 +178,8 @@ class Model(Module):
         self.target = jax.eval_shape(self.__call__, self.domain)
 
     def __call__(self, xi):
+        if getattr(self, "data_inputs", None) is not None:
+            return self.call(xi, self.data_inputs)
         return self.call(xi)
 
     def init(self, key):

@@ -85,16 +85,30 @@ def _fold_points(p):
     return p if p.ndim <= 2 else p.reshape((-1, p.shape[-1]))
 
 
+def _reproducible_opts():
+    """finufft options that make a transform's bits independent of the threads it runs with.
+
+    By default finufft picks its thread count, spreading order and upsampling factor at run
+    time (``nthreads=0``, heuristic sorting, ``upsampfac=0``): with several devices computing at
+    once in one process, the same transform then gave results ~1e-8 apart (type 1 spreads
+    with atomic adds in thread order). One thread, sorted spreading and a fixed upsampling
+    factor give the same bits whatever runs beside it; the devices provide the parallelism.
+    """
+    from jax_finufft.options import Opts, SpreadSort, SpreadThread
+
+    return Opts(nthreads=1, spread_sort=SpreadSort.Sort, spread_thread=SpreadThread.Sequential, upsampfac=2.0)
+
+
 def _finufft1(*args, **kwargs):
     from jax_finufft import nufft1  # on first use: importing shardvi does not load jax-finufft
 
-    return nufft1(*args, **kwargs)
+    return nufft1(*args, **kwargs, opts=_reproducible_opts())
 
 
 def _finufft2(*args, **kwargs):
     from jax_finufft import nufft2
 
-    return nufft2(*args, **kwargs)
+    return nufft2(*args, **kwargs, opts=_reproducible_opts())
 
 
 def _impl_type2(f, x, y, *, iflag, eps):

@@ -189,6 +189,19 @@ def _check_pixel_size(pixel_size) -> tuple[float, float]:
     return float(ps[0]), float(ps[1])
 
 
+def _check_block_points(inputs, dtype) -> None:
+    """``inputs`` of a per-block call: a mapping with 1-D ``u`` and ``v`` of one length and the response's dtype."""
+    if not (hasattr(inputs, "keys") and "u" in inputs and "v" in inputs):
+        raise TypeError(
+            f"inputs must be a mapping with 'u' and 'v' (a block of data_inputs), got {type(inputs).__name__}"
+        )
+    u, v = inputs["u"], inputs["v"]
+    if np.ndim(u) != 1 or np.shape(u) != np.shape(v):
+        raise ValueError(f"inputs 'u' and 'v' must be 1-D of one length, got shapes {np.shape(u)} and {np.shape(v)}")
+    if np.dtype(u.dtype) != dtype or np.dtype(v.dtype) != dtype:
+        raise TypeError(f"inputs 'u' and 'v' must be {dtype} (the response's dtype), got {u.dtype} and {v.dtype}")
+
+
 def _wrap(phase):
     """Reduce radians to [-pi, pi): exact for the 2pi-periodic sum, keeps finufft in range."""
     two_pi = 2 * np.pi
@@ -265,12 +278,33 @@ class NUFFTResponse(Module):
         """Visibility shape and dtype."""
         return jax.ShapeDtypeStruct((self.n_vis,), self.complex_dtype)
 
-    def _points(self):
+    def _points(self, inputs=None):
         dl, dm = self.pixel_size
-        return _wrap(2 * np.pi * dl * self.u), _wrap(2 * np.pi * dm * self.v)
+        u, v = (self.u, self.v) if inputs is None else (inputs["u"], inputs["v"])
+        return _wrap(2 * np.pi * dl * u), _wrap(2 * np.pi * dm * v)
 
-    def __call__(self, image):
-        """Image, real ``dtype``, shape ``(nx, ny)`` -> visibilities, complex, shape ``(M,)``."""
+    @property
+    def data_inputs(self) -> dict:
+        """``{"u": u, "v": v}``: the per-visibility inputs, for ``sv.Model(..., data_inputs=...)``."""
+        return {"u": self.u, "v": self.v}
+
+    def without_points(self) -> NUFFTResponse:
+        """This response with no baselines (``u``, ``v`` of length 0), a template for per-block calls.
+
+        A blocked forward model (``Model(call, domain, data_inputs=response.data_inputs)``)
+        should hold this template, not the response: the model's arrays are replicated on
+        every device, the visibilities' coordinates are split with the data.
+        """
+        empty = np.zeros((0,), self.dtype)
+        return self._replaced(u=empty, v=empty)
+
+    def __call__(self, image, inputs=None):
+        """Image, real ``dtype``, shape ``(nx, ny)`` -> visibilities, complex, shape ``(M,)``.
+
+        ``inputs`` (optional): ``{"u": u, "v": v}`` of a block of baselines to evaluate
+        instead of this response's own (same units), e.g. one data block of a model built
+        with ``data_inputs=response.data_inputs``.
+        """
         image = jnp.asarray(image)
         if image.ndim != 2:
             raise ValueError(f"image must be 2-D with shape {self.image_shape}, got shape {image.shape}")
@@ -281,7 +315,9 @@ class NUFFTResponse(Module):
                 f"image has dtype {image.dtype}, but the response is {self.dtype}; "
                 f"cast it with image.astype({self.dtype.name!r})"
             )
-        x, y = self._points()
+        if inputs is not None:
+            _check_block_points(inputs, self.dtype)
+        x, y = self._points(inputs)
         return nufft2d_type2(image.astype(self.complex_dtype), x, y, iflag=-1, eps=self.eps)
 
     def adjoint(self, vis):

@@ -8,7 +8,9 @@ import math
 import jax
 import jax.numpy as jnp
 from jax import tree_util as jtu
+from jax.sharding import NamedSharding
 
+from .blocks import blocked_nodes, model_specs
 from .mesh import (
     Layout,
     check_devices,
@@ -18,6 +20,7 @@ from .mesh import (
     resolve_devices,
     sample_layout,
     sample_mesh,
+    sample_model_mesh,
 )
 from .strategy import Strategy, check_chunk, check_in_axes, check_reduce, chunked_apply, strategy_class, strategy_names
 
@@ -86,6 +89,11 @@ def _cached_mesh(devices: tuple):
     return sample_mesh(devices)
 
 
+@functools.cache
+def _cached_model_mesh(devices: tuple, model_shards: int):
+    return sample_model_mesh(devices, model_shards)
+
+
 class MultiDevice(Strategy):
     """Base of frozen dataclasses with ``devices``, ``chunk_size``, ``reduce`` and ``pad`` fields."""
 
@@ -94,6 +102,7 @@ class MultiDevice(Strategy):
     chunk_size: int
     reduce: str
     pad: bool
+    model_shards: int = 1  # a field of the strategies that split data blocks over a second mesh axis
 
     def _validate(self):
         object.__setattr__(self, "devices", check_devices(self.devices, "devices"))
@@ -101,6 +110,14 @@ class MultiDevice(Strategy):
         check_reduce(self.reduce)
         if not isinstance(self.pad, bool):
             raise TypeError(f"pad must be a bool, got {type(self.pad).__name__}")
+        k = self.model_shards
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"model_shards must be a positive int, got {k!r}")
+        if self.devices is not None and len(self.devices) % k:
+            raise ValueError(
+                f"model_shards={k} does not divide the {len(self.devices)} devices: the mesh is "
+                f"(devices // model_shards) sample shards x model_shards model shards"
+            )
 
     # -- devices / mesh ---------------------------------------------------------------------
     @property
@@ -110,18 +127,50 @@ class MultiDevice(Strategy):
 
     @property
     def mesh(self):
-        """The 1-D sample mesh over :attr:`resolved_devices`."""
-        return _cached_mesh(self.resolved_devices)
+        """The sample mesh over :attr:`resolved_devices`: 1-D, or ``(samples, model)`` with ``model_shards > 1``."""
+        devices = self.resolved_devices
+        if self.model_shards == 1:
+            return _cached_mesh(devices)
+        if len(devices) % self.model_shards:
+            raise ValueError(
+                f"model_shards={self.model_shards} does not divide the {len(devices)} devices "
+                f"(devices=None: all jax.devices()); pass devices whose count model_shards divides"
+            )
+        return _cached_model_mesh(devices, self.model_shards)
+
+    @property
+    def n_sample_shards(self) -> int:
+        """Devices along the sample axis (``len(devices) // model_shards``)."""
+        return len(self.resolved_devices) // self.model_shards
 
     def place(self, tree):
-        """Replicate ``tree`` over the strategy's devices (the canonical input placement)."""
-        return jax.device_put(tree, replicated(self.mesh))
+        """Replicate ``tree`` over the strategy's devices (the canonical input placement).
+
+        With ``model_shards > 1`` the data blocks of blocked likelihoods are split over the
+        model axis instead (each device holds its blocks only).
+        """
+        if self.model_shards == 1:
+            return jax.device_put(tree, replicated(self.mesh))
+        self.check_blocks(tree)
+        mesh = self.mesh
+        shardings = jtu.tree_map(lambda spec: NamedSharding(mesh, spec), model_specs(tree))
+        return jax.device_put(tree, shardings)
+
+    def check_blocks(self, tree) -> None:
+        """``ValueError`` unless ``model_shards`` divides the block count of every blocked likelihood in ``tree``."""
+        for node in blocked_nodes(tree):
+            if node.n_blocks % self.model_shards:
+                raise ValueError(
+                    f"model_shards={self.model_shards} does not divide data_blocks={node.n_blocks}: every "
+                    f"model shard holds the same number of whole data blocks (amend with a multiple of "
+                    f"{self.model_shards}, or use model_shards dividing {node.n_blocks})"
+                )
 
     # -- layout -------------------------------------------------------------------------------
     def _prepare(self, args, in_axes) -> tuple[Layout, list]:
         check_in_axes(in_axes, len(args))
         n = leading_size(args, in_axes, self.name)
-        layout = sample_layout(n, len(self.resolved_devices), self.chunk_size, self.pad, self.name)
+        layout = sample_layout(n, self.n_sample_shards, self.chunk_size, self.pad, self.name)
         padded = [pad_samples(a, layout.padded) if ax == 0 else a for a, ax in zip(args, in_axes)]
         return layout, padded
 

@@ -25,16 +25,20 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 __all__ = [
     "SAMPLE_AXIS",
+    "MODEL_AXIS",
     "Layout",
     "check_devices",
     "sample_layout",
     "sample_mesh",
+    "sample_model_mesh",
     "replicated",
     "sharded",
     "pad_samples",
 ]
 
 SAMPLE_AXIS = "samples"
+#: name of the mesh axis that splits the data blocks (the second axis of a strategy with ``model_shards``)
+MODEL_AXIS = "model"
 
 
 def check_devices(devices: Sequence | None, argname: str = "devices") -> tuple | None:
@@ -84,6 +88,17 @@ def resolve_devices(devices: tuple | None) -> tuple:
 def sample_mesh(devices: Sequence) -> Mesh:
     """1-D mesh over ``devices`` with the :data:`SAMPLE_AXIS` axis (``Auto`` axis type)."""
     return Mesh(np.asarray(devices, dtype=object), (SAMPLE_AXIS,), axis_types=(AxisType.Auto,))
+
+
+def sample_model_mesh(devices: Sequence, model_shards: int) -> Mesh:
+    """2-D mesh ``(len(devices) // model_shards, model_shards)`` with axes ``("samples", "model")``.
+
+    Consecutive devices of ``devices`` form one row (one sample shard split over the model
+    axis): in a multi-process run with devices in process order, the model axis stays within
+    a process where ``model_shards`` divides the devices per process.
+    """
+    grid = np.asarray(devices, dtype=object).reshape(len(devices) // model_shards, model_shards)
+    return Mesh(grid, (SAMPLE_AXIS, MODEL_AXIS), axis_types=(AxisType.Auto, AxisType.Auto))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

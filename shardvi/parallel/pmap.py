@@ -43,9 +43,15 @@ class Pmap(MultiDevice):
     chunk_size: int = 1
     reduce: str = "fixed"
     pad: bool = True
+    model_shards: int = 1
     name: str = dataclasses.field(default="pmap", init=False)
 
     def __post_init__(self):
+        if self.model_shards != 1:
+            raise ValueError(
+                f"model_shards={self.model_shards!r}: Pmap maps samples only and does not split data blocks "
+                f"over a model axis; use ShardMap(model_shards=...) or JitSharding(model_shards=...)"
+            )
         self._validate()
 
     def _pmap(self, body, in_axes):

@@ -10,6 +10,7 @@ from jax import tree_util as jtu
 from jax.sharding import PartitionSpec as P
 
 from ._base import MultiDevice, divide, masked_local_sum
+from .blocks import MODEL_AXIS, model_axis, model_specs
 from .mesh import SAMPLE_AXIS
 from .strategy import chunked_apply, register_strategy
 
@@ -44,6 +45,16 @@ class ShardMap(MultiDevice):
         Pad a sample count that is not a multiple of ``len(devices) *
         chunk_size`` with copies of the last sample whose results are dropped
         (default). ``False`` raises a ``ValueError`` listing counts that work.
+    model_shards : int
+        Devices along a second mesh axis, ``"model"``, over which the data
+        blocks of a likelihood amended with ``data_blocks`` are split (model
+        parallelism): the mesh is ``(len(devices) // model_shards,
+        model_shards)``, samples are split over its rows, and within a row
+        each device holds and evaluates ``data_blocks / model_shards`` blocks
+        of data, noise and ``data_inputs`` (one all-gather of per-block terms
+        over the row per energy, gradient or metric application). Results
+        are bitwise those of one device when ``model_shards`` divides
+        ``data_blocks`` (else ``ValueError``). Default 1: data replicated.
     check_vma : bool
         JAX's varying-manual-axes type checking. ``False`` (default): no
         implicit cross-device reductions at all (gradients with respect to
@@ -60,20 +71,30 @@ class ShardMap(MultiDevice):
     reduce: str = "fixed"
     pad: bool = True
     check_vma: bool = False
+    model_shards: int = 1
     name: str = dataclasses.field(default="shard_map", init=False)
 
     def __post_init__(self):
         self._validate()
         if not isinstance(self.check_vma, bool):
             raise TypeError(f"check_vma must be a bool, got {type(self.check_vma).__name__}")
+        if self.check_vma and self.model_shards > 1:
+            raise ValueError("model_shards > 1 needs check_vma=False (the block sums gather over the model axis)")
 
     def _local(self, fn, in_axes, local):
         if self.check_vma:
             local = [_to_varying(a) if ax is None else a for a, ax in zip(local, in_axes)]
-        return chunked_apply(fn, in_axes, tuple(local), self.chunk_size)
+        if self.model_shards == 1:
+            return chunked_apply(fn, in_axes, tuple(local), self.chunk_size)
+        with model_axis(MODEL_AXIS, self.model_shards, self.reduce):  # the block sums gather over the row
+            return chunked_apply(fn, in_axes, tuple(local), self.chunk_size)
 
-    def _shard_map(self, body, in_axes, out_specs):
-        in_specs = tuple(P(SAMPLE_AXIS) if ax == 0 else P() for ax in in_axes)
+    def _shard_map(self, body, in_axes, out_specs, args):
+        if self.model_shards == 1:
+            in_specs = tuple(P(SAMPLE_AXIS) if ax == 0 else P() for ax in in_axes)
+        else:
+            self.check_blocks(args)
+            in_specs = tuple(P(SAMPLE_AXIS) if ax == 0 else model_specs(a) for a, ax in zip(args, in_axes))
         return jax.shard_map(body, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=self.check_vma)
 
     def map(self, fn, in_axes):
@@ -82,7 +103,7 @@ class ShardMap(MultiDevice):
         def mapped(*args):
             layout, padded = self._prepare(args, in_axes)
             body = lambda *local: self._local(fn, in_axes, local)  # noqa: E731
-            out = self._shard_map(body, in_axes, P(SAMPLE_AXIS))(*padded)
+            out = self._shard_map(body, in_axes, P(SAMPLE_AXIS), padded)(*padded)
             return self._finish(out, layout)
 
         return mapped
@@ -98,7 +119,7 @@ class ShardMap(MultiDevice):
                 part = masked_local_sum(vals, layout, jax.lax.axis_index(SAMPLE_AXIS))
                 return jax.lax.psum(part, SAMPLE_AXIS)
 
-            return divide(self._shard_map(body, in_axes, P())(*padded), layout.n)
+            return divide(self._shard_map(body, in_axes, P(), padded)(*padded), layout.n)
 
         return mm
 

@@ -1,5 +1,6 @@
 """Variational inference: likelihoods, KL, MGVI/geoVI sampling, the driver."""
 
+from .blocked import BlockedLikelihood
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .diagnostics import IterationReport, minisanity, residual_stats
 from .gaussian import Gaussian
@@ -14,6 +15,7 @@ from .student_t import StudentT
 from .variable_covariance import VariableCovarianceGaussian
 
 __all__ = [
+    "BlockedLikelihood",
     "CheckpointError",
     "Gaussian",
     "IterationReport",

@@ -33,7 +33,7 @@ def kl_value_and_grad(lh: Likelihood, pos, residuals, strategy):
     ``residuals`` has a leading sample axis; with zero samples this is the MAP
     objective ``H(pos)``.
     """
-    vg = jax.value_and_grad(hamiltonian, argnums=1)
+    vg = _blocked_value_and_grad if lh.blocked else jax.value_and_grad(hamiltonian, argnums=1)
     if _n(residuals) == 0:
         return vg(lh, pos)
     # the likelihood is passed to the strategy as a broadcast argument (its arrays are never closed over)
@@ -47,6 +47,12 @@ def kl_metric(lh: Likelihood, pos, residuals, tangent, strategy):
     return map_mean(strategy, lambda lik, p, r, t: hamiltonian_metric(lik, tm.add(p, r), t), (None, None, 0, None))(
         lh, pos, residuals, tangent
     )
+
+
+def _blocked_value_and_grad(lh, xi):
+    """``H`` and its gradient from a blocked likelihood's own ``energy_and_grad`` (its sums are not differentiated)."""
+    e, g = lh.energy_and_grad(xi)
+    return e + 0.5 * tm.vdot(xi, xi), tm.add(g, xi)
 
 
 def _n(residuals) -> int:

@@ -59,6 +59,17 @@ def _inherits(obj, cls, *names: str) -> bool:
     return all(getattr(type(obj), n) is getattr(cls, n) for n in names)
 
 
+#: the class ``amend(model, data_blocks=...)`` builds; :mod:`shardvi.vi.blocked` (which imports this module)
+#: registers :class:`~shardvi.vi.blocked.BlockedLikelihood` with :func:`register_blocked_class`
+_BLOCKED_CLASS = None
+
+
+def register_blocked_class(cls) -> None:
+    """Set the class :meth:`Likelihood.amend` builds for ``data_blocks`` (a ``Likelihood`` subclass)."""
+    global _BLOCKED_CLASS
+    _BLOCKED_CLASS = cls
+
+
 class _Opaque:
     """A value kept out of the pytree (a static leaf compared by identity): e.g. fingerprint-only arrays."""
 
@@ -128,6 +139,10 @@ class Likelihood(Module):
             raise ValueError("lsm_tangents_shape is required with an explicit left_sqrt_metric and no transformation")
         self.lsm_tangents_shape = lsm_tangents_shape
 
+    #: ``True`` for a likelihood whose data are cut into blocks (``amend(model, data_blocks=...)``): its latent-space
+    #: operators are sums over blocks that the engine calls instead of differentiating its energy
+    blocked: bool = False
+
     #: Set ``True`` in a subclass whose explicit :meth:`left_sqrt_metric` is ``(dT/ds)^T e``, the transpose of the
     #: transformation's linearization (e.g. a transformation ``T(s) = W s`` with a self-adjoint ``W`` and square
     #: root ``e -> W e``). The geoVI update then draws its metric sample with the linearization of ``T`` it
@@ -196,6 +211,10 @@ class Likelihood(Module):
         """
         return functools.partial(self.left_sqrt_metric, s), self.metric_operator(s)
 
+    def _data_noise_sample(self, lsm, key):
+        """``lsm(e1)`` with white noise ``e1`` (shaped like ``lsm_tangents_shape``) drawn from ``key``."""
+        return lsm(tm.random_like(key, self.lsm_tangents_shape))
+
     def normalized_residual(self, s):
         """Noise-weighted data residual at ``s``."""
         raise NotImplementedError("this likelihood defines no normalized_residual")
@@ -213,14 +232,25 @@ class Likelihood(Module):
         return None
 
     # -- composition -----------------------------------------------------------------------
-    def amend(self, model) -> AmendedLikelihood:
+    def amend(self, model, *, data_blocks: int | None = None) -> Likelihood:
         """This likelihood pulled back to the latent space of ``model``.
 
         The metric becomes ``J^T F J`` and the left square root ``J^T L`` with
         ``J = d model / d xi``, applied matrix-free. The model's output must
         match the data in structure and shapes (else ``ValueError``) and in
         dtypes, leaf by leaf (else ``TypeError``: nothing is cast implicitly).
+
+        ``data_blocks=B`` cuts the data axis into ``B`` fixed blocks (model
+        parallelism): ``model`` must be built with ``data_inputs``, ``B`` must
+        divide the number of data, and energies, gradients and metric
+        applications become sums over blocks in a fixed order, which a strategy
+        with ``model_shards`` dividing ``B`` splits over devices with bitwise
+        the results of one device (:class:`~shardvi.vi.blocked.BlockedLikelihood`).
         """
+        if data_blocks is not None:
+            if _BLOCKED_CLASS is None:  # pragma: no cover -- shardvi.vi imports shardvi.vi.blocked
+                raise RuntimeError("internal: shardvi.vi.blocked was not imported")
+            return _BLOCKED_CLASS(self, model, data_blocks)
         return AmendedLikelihood(self, model)
 
     def __add__(self, other: Likelihood) -> SumLikelihood:
@@ -417,6 +447,11 @@ class SumLikelihood(Likelihood):
     def __init__(self, a: Likelihood, b: Likelihood):
         if not isinstance(a, Likelihood) or not isinstance(b, Likelihood):
             raise TypeError(f"both terms must be shardvi Likelihoods, got {type(a).__name__} and {type(b).__name__}")
+        if a.blocked or b.blocked:
+            raise TypeError(
+                "a likelihood amended with data_blocks cannot be added to another one: put all data of a "
+                "blocked likelihood into one likelihood (one data axis), or amend without data_blocks"
+            )
         if _shape_tree(a.domain) == _shape_tree(b.domain):
             domain, keys_a, keys_b = a.domain, None, None
         elif isinstance(a.domain, dict) and isinstance(b.domain, dict):

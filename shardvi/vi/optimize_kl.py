@@ -222,7 +222,13 @@ class OptimizeVI:
             return res, tm.all_finite(res.x) & jnp.isfinite(res.fun)
 
         def diagnostics(lh, pos, residuals):
-            return chi2_sums(Samples(pos, residuals), lh)
+            samples = Samples(pos, residuals)
+            if not (lh.blocked and lh.has_chi2_sum):
+                return chi2_sums(samples, lh)
+            # blocked data: each sample's chi^2 summed over the blocks where they are (the strategy's model axis)
+            per_sample = kstrat.map(lambda lik, x: lik.chi2_sum(x)[0], (None, 0))(lh, samples.samples)
+            n = jtu.tree_leaves(samples.samples)[0].shape[0]
+            return (jnp.sum(per_sample), n * lh.chi2_sum_dof), chi2_sums(samples)[1]
 
         # reproducible_jit: the same arithmetic, bitwise, on any device count and for every strategy;
         # Placed: inputs placed by the strategy that computes on them (same sharding every call: no recompiles)

@@ -51,9 +51,8 @@ def _keep(lh, sample_mask):
 def _metric_sample_parts(lh: Likelihood, lsm, key, keep):
     """``(y, e2)``: the metric sample ``y = L e1 + e2`` (``lsm``: ``e -> L e``) and its prior part ``e2``."""
     k1, k2 = jax.random.split(key)
-    e1 = tm.random_like(k1, lh.lsm_tangents_shape)
     e2 = project(keep, tm.random_like(k2, lh.domain))
-    return project(keep, tm.add(lsm(e1), e2)), e2
+    return project(keep, tm.add(lh._data_noise_sample(lsm, k1), e2)), e2
 
 
 def metric_sample(lh: Likelihood, pos, key, sample_mask=None):
@@ -162,6 +161,8 @@ def nonlinearly_update_residual(
             "and their amend/sum provide it)"
         )
     keep = _keep(lh, sample_mask)
+    if lh.blocked:
+        return _blocked_update(lh, pos, residual, metric_sample_key, metric_sample_sign, config, keep)
     x_bar, vjp_bar = jax.vjp(lh.transformation, pos)
     jbar_t = tm.linear_adjoint(vjp_bar)
     # the metric sample's square root: Jbar^T itself where that is the likelihood's (one model evaluation fewer
@@ -191,4 +192,38 @@ def nonlinearly_update_residual(
     res = newton_cg(
         fun_and_grad, hessp, project(keep, residual), config, hessp_at=hessp_at, min_curvature=0.0, xtol_curvature=1.0
     )
+    return res.x, res
+
+
+def _blocked_update(lh, pos, residual, key, sign, config, keep):
+    """The geoVI update of a likelihood with blocked data (its operators: sums over blocks, not differentiated).
+
+    The same root problem as the unblocked path: ``delta(r) = r + phi(r) - sign*y`` with
+    ``phi(r) = Jbar^T (x(pos + r) - x(pos))``; gradient ``J_delta^T delta`` and Gauss-Newton
+    ``J_delta^T J_delta`` from ``phi``'s linearization (restricted to the sampled entries).
+    """
+    phi, phi_jvp, phi_vjp = lh.geovi_operators(pos)
+    lsm, _ = lh.sampling_operators(pos)
+    y = tm.scale(sign, _metric_sample_parts(lh, lsm, key, keep)[0])
+
+    def delta(r):
+        r = project(keep, r)
+        return project(keep, tm.sub(tm.add(r, phi(r)), y))
+
+    def jac_t(r, w):  # J_delta(r)^T w
+        w = project(keep, w)
+        return project(keep, tm.add(w, phi_vjp(project(keep, r), w)))
+
+    def jac(r, v):  # J_delta(r) v
+        v = project(keep, v)
+        return project(keep, tm.add(v, phi_jvp(project(keep, r), v)))
+
+    def fun_and_grad(r):
+        d = delta(r)
+        return 0.5 * tm.vdot(d, d), jac_t(r, d)
+
+    def hessp(r, v):
+        return jac_t(r, jac(r, v))
+
+    res = newton_cg(fun_and_grad, hessp, project(keep, residual), config, min_curvature=0.0, xtol_curvature=1.0)
     return res.x, res

@@ -1,0 +1,130 @@
+"""Sums over fixed data blocks, split over the model mesh axis: the reductions of model parallelism.
+
+A likelihood whose data are cut into ``B`` fixed blocks
+(:class:`~shardvi.vi.blocked.BlockedLikelihood`) computes its energy,
+gradient, metric applications and metric samples as sums of per-block
+terms. :func:`block_sum` evaluates the terms of the blocks a device holds,
+one block per pass of a loop whose body is the same program wherever the
+block is placed (:func:`~shardvi.parallel.chunked_apply` with chunks of one),
+then combines them: with the blocks split over the mesh axis
+:data:`MODEL_AXIS` (a strategy with ``model_shards > 1`` traces the
+per-sample work inside :func:`model_axis`), an all-gather of the per-block
+terms over that axis and a sum over all ``B`` blocks in block order. On one
+device the same loop runs over all blocks and the same ordered sum follows,
+so the result is bitwise the same for any number of model shards that
+divides ``B``. ``reduce="psum"`` (the strategy's fast mode) sums the local
+blocks and adds the shards' sums with a ``psum`` instead (about one ulp
+apart).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+from jax import tree_util as jtu
+from jax.sharding import PartitionSpec as P
+
+from .mesh import MODEL_AXIS
+from .strategy import chunked_apply
+
+__all__ = [
+    "MODEL_AXIS",
+    "ModelAxis",
+    "model_axis",
+    "current_model_axis",
+    "block_map",
+    "block_sum",
+    "ordered_sum",
+    "is_blocked",
+    "blocked_nodes",
+    "model_specs",
+]
+
+
+class ModelAxis(NamedTuple):
+    """The model axis the per-sample work is traced under: its name, size and reduction mode."""
+
+    name: str
+    size: int
+    reduce: str = "fixed"
+
+
+_CURRENT: contextvars.ContextVar[ModelAxis | None] = contextvars.ContextVar("shardvi_model_axis", default=None)
+
+
+@contextlib.contextmanager
+def model_axis(name: str = MODEL_AXIS, size: int = 1, reduce: str = "fixed"):
+    """Trace the enclosed code with the data blocks split over mesh axis ``name`` of ``size`` devices.
+
+    Used by strategies around the per-sample function they map (inside their
+    ``shard_map``); :func:`block_sum` then gathers over ``name``.
+    """
+    token = _CURRENT.set(ModelAxis(name, int(size), reduce))
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
+def current_model_axis() -> ModelAxis | None:
+    """The :class:`ModelAxis` being traced under, or ``None`` (all blocks are local)."""
+    return _CURRENT.get()
+
+
+def ordered_sum(stacked):
+    """Sum over the leading axis strictly left to right (bitwise independent of how it was computed)."""
+
+    def one(x):
+        return jax.lax.fori_loop(1, x.shape[0], lambda i, a: a + x[i], x[0])
+
+    return jtu.tree_map(one, stacked)
+
+
+def block_map(fn: Callable, blocks, *broadcast):
+    """``fn(block_b, *broadcast)`` for every local block ``b``, stacked along a leading block axis.
+
+    ``blocks`` is a pytree whose leaves carry the leading block axis (the
+    blocks this device holds); one block per loop pass, the same program for
+    every block wherever it is placed.
+    """
+    in_axes = (0,) + (None,) * len(broadcast)
+    return chunked_apply(fn, in_axes, (blocks,) + tuple(broadcast), 1)
+
+
+def block_sum(fn: Callable, blocks, *broadcast):
+    """``sum_b fn(block_b, *broadcast)`` over all blocks, in block order (see the module docstring)."""
+    parts = block_map(fn, blocks, *broadcast)
+    axis = current_model_axis()
+    if axis is None or axis.size == 1:
+        return ordered_sum(parts)
+    if axis.reduce == "psum":
+        return jax.lax.psum(ordered_sum(parts), axis.name)
+    gathered = jtu.tree_map(lambda p: jax.lax.all_gather(p, axis.name, axis=0, tiled=True), parts)
+    return ordered_sum(gathered)
+
+
+def is_blocked(node) -> bool:
+    """Whether ``node`` holds data blocks a model axis splits (a likelihood amended with ``data_blocks``)."""
+    return getattr(node, "blocked", False) is True and hasattr(node, "blocks")
+
+
+def blocked_nodes(tree) -> list:
+    """The blocked likelihoods in ``tree``."""
+    return [n for n in jtu.tree_leaves(tree, is_leaf=is_blocked) if is_blocked(n)]
+
+
+def model_specs(tree, axis: str = MODEL_AXIS):
+    """A ``PartitionSpec`` per leaf of ``tree``: ``P(axis)`` for blocked likelihoods' data blocks, else ``P()``."""
+    rest = P()
+    flat = []
+    for node in jtu.tree_leaves(tree, is_leaf=is_blocked):
+        if is_blocked(node):
+            for path, _ in jtu.tree_flatten_with_path(node)[0]:
+                flat.append(P(axis) if path and path[0] == jtu.GetAttrKey("blocks") else rest)
+        else:
+            flat.append(rest)
+    return jtu.tree_unflatten(jtu.tree_structure(tree), flat)

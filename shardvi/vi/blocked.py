@@ -1,0 +1,312 @@
+"""A likelihood whose data are cut into fixed blocks: what ``amend(model, data_blocks=B)`` builds.
+
+The data axis (length ``N``) of the likelihood's arrays and of the model's
+``data_inputs`` is cut into ``B`` blocks of ``N / B`` entries. Everything the
+engine needs on the latent space is a sum over blocks of per-block terms,
+
+- energy ``H(xi) = sum_b H_b(s_b(xi))`` and its gradient,
+- metric ``M t = sum_b J_b^T F_b J_b t``,
+- metric sample ``J^T L e1 = sum_b J_b^T L_b e1_b`` with ``e1_b`` drawn from
+  ``fold_in(key, b)`` (the block index, not the device),
+- the geoVI map ``phi(r) = sum_b Jbar_b^T (x_b(pos + r) - x_b(pos))`` and its
+  linearization (``x_b = T_b(s_b)``, ``Jbar_b`` its Jacobian at ``pos``),
+
+computed by :func:`~shardvi.parallel.blocks.block_sum`: per block, in block
+order, on one device as on many. A strategy with ``model_shards = k``
+(``ShardMap(model_shards=k)``) places the blocks split over its model mesh
+axis, so a device holds and evaluates ``B / k`` blocks of data, noise and
+inputs and never another device's, and results are bitwise those of one
+device for every ``k`` dividing ``B``.
+
+These sums are not differentiated by JAX (the engine calls the operators
+above); ``jax.grad`` of :meth:`BlockedLikelihood.energy` is not supported.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import tree_util as jtu
+
+from .. import tree_math as tm
+from ..models.model import Model
+from ..parallel.blocks import block_sum
+from .likelihood import AmendedLikelihood, Likelihood, _check_same_dtypes, _shape_tree, register_blocked_class
+
+__all__ = ["BlockedLikelihood"]
+
+
+def _block_leaf(x, n: int, n_blocks: int, what: str):
+    """``(n, ...) -> (n_blocks, n / n_blocks, ...)``; a scalar is repeated per block."""
+    shape = np.shape(x)
+    xp = jnp if isinstance(x, jax.Array) else np
+    if len(shape) == 0:
+        return xp.broadcast_to(xp.asarray(x), (n_blocks,))
+    if shape[0] != n:
+        raise ValueError(
+            f"{what} has an array of shape {shape}, neither per datum (leading axis of length {n}, the "
+            f"data's) nor a scalar: it cannot be cut into data blocks"
+        )
+    return xp.reshape(x, (n_blocks, n // n_blocks) + tuple(shape[1:]))
+
+
+def _divisors(n: int) -> list:
+    return [d for d in range(1, min(n, 64) + 1) if n % d == 0]
+
+
+class BlockedLikelihood(Likelihood):
+    """``likelihood`` on the latent space of ``model``, its data cut into ``data_blocks`` blocks.
+
+    Built by :meth:`Likelihood.amend` with ``data_blocks``; see the module
+    docstring for the math and the reproducibility guarantee.
+
+    Parameters
+    ----------
+    likelihood : Likelihood
+        On the data space (``Gaussian``, ``Poisson``, ``StudentT``, ...): every
+        array it holds has the data axis in front (length ``N``) or is a scalar.
+    model : shardvi.Model
+        Built with ``data_inputs`` (length ``N``); ``model.call(xi, inputs_block)``
+        gives the predictions of one block.
+    data_blocks : int
+        Number of blocks ``B``, a divisor of ``N``; a strategy's
+        ``model_shards`` must divide it.
+
+    Attributes
+    ----------
+    blocks : dict
+        ``{"likelihood", "inputs", "index"}``: the likelihood's arrays and the
+        model's inputs with a leading block axis ``(B, N / B, ...)``, and the
+        block indices ``0..B-1``; the pytree leaves a model-sharded strategy
+        splits over its model axis.
+    model : shardvi.Model
+        The model without its ``data_inputs`` (replicated: the field's arrays).
+    n_blocks, block_size, n_data : int
+    data_domain : pytree of jax.ShapeDtypeStruct
+        The shapes of the whole data (``likelihood.domain``).
+    """
+
+    blocked = True
+
+    def __init__(self, likelihood: Likelihood, model, data_blocks):
+        if not isinstance(likelihood, Likelihood):
+            raise TypeError(f"likelihood must be a shardvi Likelihood, got {type(likelihood).__name__}")
+        if likelihood.blocked or isinstance(likelihood, AmendedLikelihood):
+            raise TypeError("amend a data-space likelihood (e.g. sv.Gaussian(...)), not one already amended")
+        if not isinstance(model, Model):
+            raise TypeError(f"model must be a shardvi.Model, got {type(model).__name__}")
+        if isinstance(data_blocks, bool) or not isinstance(data_blocks, (int, np.integer)) or data_blocks < 1:
+            raise ValueError(f"data_blocks must be a positive int, got {data_blocks!r}")
+        data_blocks = int(data_blocks)
+        if model.n_data is None:
+            raise ValueError(
+                "data_blocks needs a model built with data_inputs (sv.Model(call, domain, data_inputs=...), "
+                "call(xi, inputs_block)): the engine evaluates the model block by block"
+            )
+        n = model.n_data
+        data_lengths = {tuple(d.shape)[:1] for d in jtu.tree_leaves(likelihood.domain)}
+        if data_lengths != {(n,)}:
+            raise ValueError(
+                f"data_inputs: their data axis has length {n}, but the likelihood's data have shapes "
+                f"{[tuple(d.shape) for d in jtu.tree_leaves(likelihood.domain)]}: the leading axis of every "
+                f"data array must be the data axis of data_inputs"
+            )
+        if n % data_blocks:
+            raise ValueError(
+                f"data_blocks={data_blocks} does not divide the {n} data: use a divisor of {n} "
+                f"(e.g. {_divisors(n)[-4:]}) or pad the data to a multiple of data_blocks"
+            )
+        if _shape_tree(model.target) != _shape_tree(likelihood.domain):
+            raise ValueError(
+                "model output does not match the likelihood's data: model.target is "
+                f"{_shape_tree(model.target)}, likelihood expects {_shape_tree(likelihood.domain)}"
+            )
+        _check_same_dtypes(model.target, likelihood.domain)
+        size = n // data_blocks
+        inputs = jtu.tree_map(lambda x: _block_leaf(x, n, data_blocks, "data_inputs"), model.data_inputs)
+        leaves, treedef = jtu.tree_flatten(likelihood)
+        blocked = treedef.unflatten([_block_leaf(x, n, data_blocks, type(likelihood).__name__) for x in leaves])
+        core = model._replaced(data_inputs=None)
+        block_in = jtu.tree_map(lambda x: jax.ShapeDtypeStruct((size,) + np.shape(x)[2:], x.dtype), inputs)
+        try:
+            block_out = jax.eval_shape(model.call, model.domain, block_in)
+        except Exception as err:  # the user's forward model on one block: say which call failed
+            raise ValueError(
+                f"model.call(xi, inputs_block) fails on one block of {size} data (inputs {block_in}): "
+                f"{type(err).__name__}: {err}"
+            ) from err
+        want = jtu.tree_map(lambda d: ((size,) + tuple(d.shape)[1:], d.dtype), likelihood.domain)
+        if jtu.tree_map(lambda s: (tuple(s.shape), s.dtype), block_out) != want:
+            raise ValueError(
+                f"model.call(xi, inputs_block) on a block of {size} data gives {block_out}, expected {want}: "
+                f"the predictions of a block must have the block's data axis in front"
+            )
+        lsm = likelihood.lsm_tangents_shape
+        if lsm is not None and any(tuple(d.shape)[:1] != (n,) for d in jtu.tree_leaves(lsm)):
+            raise ValueError(
+                f"the likelihood's metric square root acts on shapes {lsm}, not per datum: it cannot be blocked"
+            )
+        self.blocks = {"likelihood": blocked, "inputs": inputs, "index": np.arange(data_blocks, dtype=np.int32)}
+        self.model = core
+        self.n_blocks = data_blocks
+        self.block_size = size
+        self.n_data = n
+        self.domain = model.domain
+        self.lsm_tangents_shape = lsm
+        self._block_lsm_shape = (
+            None if lsm is None else jtu.tree_map(lambda d: jax.ShapeDtypeStruct((size,) + d.shape[1:], d.dtype), lsm)
+        )
+        self.data_domain = likelihood.domain
+        self._has_transformation = likelihood.has_transformation
+        self._has_normalized_residual = likelihood.has_normalized_residual
+        self._likelihood_type = type(likelihood).__name__
+
+    def __repr__(self):
+        return (
+            f"BlockedLikelihood({self._likelihood_type}, {self.n_data} data in {self.n_blocks} blocks of "
+            f"{self.block_size}, model={self.model!r})"
+        )
+
+    # -- per block -----------------------------------------------------------------------------
+    def _signal(self, blk, xi):
+        return self.model.call(xi, blk["inputs"])
+
+    def _x(self, blk, xi):
+        """``x_b = T_b(s_b(xi))``: block ``b``'s transformation."""
+        return blk["likelihood"].transformation(self._signal(blk, xi))
+
+    def _sum(self, fn, *broadcast):
+        return block_sum(fn, self.blocks, *broadcast)
+
+    # -- the operators -------------------------------------------------------------------------
+    def energy(self, xi):
+        """``sum_b H_b(s_b(xi))``."""
+        return self._sum(lambda blk, x: blk["likelihood"].energy(self._signal(blk, x)), xi)
+
+    def energy_and_grad(self, xi):
+        """``(H(xi), grad H(xi))``, each a sum over blocks (one reduction for both)."""
+        return self._sum(
+            lambda blk, x: jax.value_and_grad(lambda y: blk["likelihood"].energy(self._signal(blk, y)))(x), xi
+        )
+
+    def metric_operator(self, xi):
+        """``t -> sum_b J_b^T F_b J_b t``; each application evaluates and linearizes the model per block."""
+
+        def one(blk, x, t):
+            s, jvp, adj = tm.linearize_with_adjoint(functools.partial(self._signal, blk), x)
+            return adj(blk["likelihood"].metric_operator(s)(jvp(t)))
+
+        return lambda t: self._sum(one, xi, t)
+
+    def left_sqrt_metric(self, xi, e):
+        """``sum_b J_b^T L_b e1_b`` with ``e1_b`` white noise drawn from ``fold_in(e, b)``: ``e`` is a *key*.
+
+        The data-space noise lives on the blocks, so it is drawn there, per block.
+        """
+        if self._block_lsm_shape is None:
+            raise NotImplementedError(
+                "this likelihood has neither a left_sqrt_metric nor a transformation (one is needed to draw samples)"
+            )
+
+        def one(blk, x, key):
+            e1 = tm.random_like(jax.random.fold_in(key, blk["index"]), self._block_lsm_shape)
+            s, vjp = jax.vjp(functools.partial(self._signal, blk), x)
+            return tm.linear_adjoint(vjp)(blk["likelihood"].left_sqrt_metric(s, e1))
+
+        return self._sum(one, xi, e)
+
+    def sampling_operators(self, xi):
+        """``(key -> J^T L e1, t -> M t)`` (see :meth:`left_sqrt_metric`: the noise is drawn per block)."""
+        return functools.partial(self.left_sqrt_metric, xi), self.metric_operator(xi)
+
+    def _data_noise_sample(self, lsm, key):
+        return lsm(key)
+
+    def geovi_operators(self, pos):
+        """``(phi, phi_jvp, phi_vjp)`` of the geoVI map ``phi(r) = Jbar^T (x(pos + r) - x(pos))``.
+
+        ``phi_jvp(r, v) = Jbar^T J_x(pos + r) v`` and ``phi_vjp(r, w) = J_x(pos + r)^T Jbar w``,
+        each a sum over blocks (``x = T(s)``, ``Jbar`` its Jacobian at ``pos``).
+        """
+
+        def phi(blk, p, r):
+            xb = functools.partial(self._x, blk)
+            x_bar, vjp = jax.vjp(xb, p)
+            return tm.linear_adjoint(vjp)(tm.sub(xb(tm.add(p, r)), x_bar))
+
+        def phi_jvp(blk, p, r, v):
+            xb = functools.partial(self._x, blk)
+            _, jv = jax.jvp(xb, (tm.add(p, r),), (v,))
+            _, vjp = jax.vjp(xb, p)
+            return tm.linear_adjoint(vjp)(jv)
+
+        def phi_vjp(blk, p, r, w):
+            xb = functools.partial(self._x, blk)
+            _, jw = jax.jvp(xb, (p,), (w,))
+            _, vjp = jax.vjp(xb, tm.add(p, r))
+            return tm.linear_adjoint(vjp)(jw)
+
+        return (
+            lambda r: self._sum(phi, pos, r),
+            lambda r, v: self._sum(phi_jvp, pos, r, v),
+            lambda r, w: self._sum(phi_vjp, pos, r, w),
+        )
+
+    def transformation(self, xi):
+        raise NotImplementedError(
+            "a BlockedLikelihood's transformation lives on the blocked data (split over devices); the geoVI "
+            "update uses geovi_operators"
+        )
+
+    def normalized_residual(self, xi):
+        raise NotImplementedError(
+            "a BlockedLikelihood's normalized residual lives on the blocked data (split over devices); use chi2_sum"
+        )
+
+    def chi2_sum(self, xi):
+        """``(sum |r|^2 per real degree of freedom, dof)`` of the normalized residual, summed over blocks."""
+
+        def one(blk, x):
+            r = blk["likelihood"].normalized_residual(self._signal(blk, x))
+            return sum(jnp.sum(jnp.abs(v) ** 2) / (2.0 if jnp.iscomplexobj(v) else 1.0) for v in jtu.tree_leaves(r))
+
+        return self._sum(one, xi), self.chi2_sum_dof
+
+    @property
+    def chi2_sum_dof(self) -> int:
+        """Entries of the data (the degrees of freedom of :meth:`chi2_sum`)."""
+        return sum(math.prod(d.shape) for d in jtu.tree_leaves(self.data_domain))
+
+    @property
+    def has_transformation(self) -> bool:
+        return self._has_transformation
+
+    @property
+    def _lsm_from_transformation(self) -> bool:
+        return False
+
+    @property
+    def has_normalized_residual(self) -> bool:
+        return False
+
+    @property
+    def has_chi2_sum(self) -> bool:
+        return self._has_normalized_residual
+
+    @property
+    def data_leaves(self):
+        """The blocked data and noise, the inputs and the block count (checkpoint fingerprints)."""
+        return {
+            "blocked": {
+                "likelihood": self.blocks["likelihood"].data_leaves,
+                "inputs": self.blocks["inputs"],
+                "data_blocks": np.asarray(self.n_blocks),
+            }
+        }
+
+
+register_blocked_class(BlockedLikelihood)

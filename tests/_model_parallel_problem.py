@@ -1,0 +1,73 @@
+"""The model-parallel test problems (tests/test_model_parallel.py, tests/_distributed_worker.py); not a test module."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.tree_util import Partial
+
+import shardvi as sv
+
+N_PIX, N_LAT, N_DATA = 24, 16, 96
+
+
+def _pixel_call(a, xi, inputs):
+    """A nonlinear field on 24^2 pixels from 16 latents, read at the data's pixel indices."""
+    return jnp.exp(0.3 * (a @ xi["x"]))[inputs["pix"]]
+
+
+@functools.cache
+def masked_problem(data_blocks=4, noise=0.1):
+    """Pixel-wise data of a nonlinear field at 96 of 576 pixels (no FFT: every strategy partitions it)."""
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(N_PIX * N_PIX, N_LAT)) / 4.0
+    pix = rng.choice(N_PIX * N_PIX, size=N_DATA, replace=False).astype(np.int32)
+    domain = {"x": jax.ShapeDtypeStruct((N_LAT,), jnp.float64)}
+    model = sv.Model(Partial(_pixel_call, jnp.asarray(a)), domain, data_inputs={"pix": pix})
+    truth = model.init(jax.random.PRNGKey(1))
+    d = np.asarray(model(truth)) + noise * rng.normal(size=N_DATA)
+    std = noise * (1 + 0.5 * rng.random(N_DATA))
+    full = sv.Gaussian(d, noise_std=std).amend(model)
+    blocked = sv.Gaussian(d, noise_std=std).amend(model, data_blocks=data_blocks)
+    return model, full, blocked
+
+
+def _observe(resp, xi, inputs):
+    return resp(jnp.exp(0.5 * xi["img"]), inputs)
+
+
+@functools.cache
+def radio_problem(data_blocks=4):
+    """Visibilities (NUFFT) of an 8x8 log-normal image, 96 baselines, complex Gaussian noise."""
+    rng = np.random.default_rng(1)
+    npix, m, dl = 8, 96, 1e-5
+    u, v = rng.uniform(-0.4 / dl, 0.4 / dl, (2, m))
+    resp = sv.NUFFTResponse(u, v, (npix, npix), dl, eps=1e-10, dtype=np.float64)
+    domain = {"img": jax.ShapeDtypeStruct((npix, npix), jnp.float64)}
+    model = sv.Model(Partial(_observe, resp.without_points()), domain, data_inputs=resp.data_inputs)
+    vis = np.asarray(model(model.init(jax.random.PRNGKey(2))))
+    sig = 0.1 * float(np.sqrt(np.mean(np.abs(vis) ** 2)))
+    d = vis + sig * (rng.normal(size=m) + 1j * rng.normal(size=m))
+    return model, sv.Gaussian(d, noise_std=sig).amend(model), sv.Gaussian(d, noise_std=sig).amend(model, data_blocks=4)
+
+
+def run_layout(lh, pos, strategy, **kw):
+    """One MGVI + geoVI + KL iteration with ``strategy`` for both maps: (arrays, KL energies, state)."""
+    samples, state = sv.optimize_kl(
+        lh,
+        pos,
+        key=jax.random.PRNGKey(0),
+        n_total_iterations=1,
+        n_samples=2,
+        sample_mode="nonlinear_resample",  # MGVI draws, their geoVI update and the KL minimization
+        nonlinear_update=sv.NewtonCGConfig(xtol=0, maxiter=2),
+        kl_minimization=sv.NewtonCGConfig(xtol=0, maxiter=2),
+        sample_map=strategy,
+        kl_map=strategy,
+        progress=False,
+        **kw,
+    )
+    return jax.tree.leaves((samples.pos, samples.residuals)), [h.kl_energy for h in state.history], state

@@ -1,0 +1,191 @@
+"""Model parallelism I: data cut into blocks, split over a second mesh axis (``model_shards``).
+
+The math of the blocked likelihood against the unblocked one (energy, gradient, metric, metric
+sample, the geoVI map), the Wiener filter in closed form, bitwise equality of whole runs across
+mesh layouts, the psum mode, the collectives of one metric application, and the errors.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _model_parallel_problem import N_DATA, masked_problem, radio_problem, run_layout
+
+import shardvi as sv
+from shardvi import tree_math as tm
+from shardvi.parallel import JitSharding, Pmap, ShardMap, Vmap
+from shardvi.parallel.blocks import model_axis
+
+
+def _close(a, b, rtol=1e-12):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=rtol * np.max(np.abs(y)))
+
+
+# ----------------------------------------------------------------------------- the math
+@pytest.mark.parametrize("problem", [masked_problem, radio_problem])
+def test_blocked_operators_equal_the_unblocked_ones(problem):
+    model, full, blocked = problem()
+    x = jax.tree.map(lambda v: 0.5 * v, model.init(jax.random.PRNGKey(3)))
+    t = model.init(jax.random.PRNGKey(4))
+    r = jax.tree.map(lambda v: 0.2 * v, model.init(jax.random.PRNGKey(5)))
+    key = jax.random.PRNGKey(6)
+    shape = jax.tree.map(
+        lambda d: jax.ShapeDtypeStruct((blocked.block_size,) + d.shape[1:], d.dtype), full.lsm_tangents_shape
+    )
+
+    @jax.jit  # one program for all the checks (eager ops would compile one by one)
+    def both(blocked, full, x, t, r):
+        got, want = {}, {}
+        got["energy"], want["energy"] = blocked.energy(x), full.energy(x)
+        got["vg"], want["vg"] = blocked.energy_and_grad(x), (full.energy(x), jax.grad(full.energy)(x))
+        got["metric"], want["metric"] = blocked.metric_operator(x)(t), full.metric_operator(x)(t)
+        # the metric sample: block b's white noise is drawn from fold_in(key, b)
+        e1 = [tm.random_like(jax.random.fold_in(key, b), shape) for b in range(blocked.n_blocks)]
+        e1 = jax.tree.map(lambda *p: jnp.concatenate(p), *e1)
+        got["lsm"], want["lsm"] = blocked.left_sqrt_metric(x, key), full.left_sqrt_metric(x, e1)
+        # the geoVI map phi(r) = Jbar^T (T(s(x + r)) - T(s(x))) and its linearization
+        phi, phi_jvp, phi_vjp = blocked.geovi_operators(x)
+        xbar, vjp = jax.vjp(full.transformation, x)
+        jbar_t = tm.linear_adjoint(vjp)
+        want_phi = lambda rr: jbar_t(tm.sub(full.transformation(tm.add(x, rr)), xbar))  # noqa: E731
+        got["phi"], want["phi"] = phi(r), want_phi(r)
+        got["phi_jvp"], want["phi_jvp"] = phi_jvp(r, t), jax.jvp(want_phi, (r,), (t,))[1]
+        got["phi_vjp"], want["phi_vjp"] = phi_vjp(r, t), tm.linear_adjoint(jax.vjp(want_phi, r)[1])(t)
+        res = full.normalized_residual(x)
+        got["chi2"] = blocked.chi2_sum(x)[0]
+        want["chi2"] = jnp.sum(jnp.abs(res) ** 2) / (2.0 if jnp.iscomplexobj(res) else 1.0)
+        return got, want
+
+    got, want = both(blocked, full, x, t, r)
+    for name in want:
+        _close(got[name], want[name])
+    assert blocked.chi2_sum_dof == N_DATA
+
+
+def test_wiener_filter_closed_form_with_blocked_data():
+    """Linear model, Gaussian noise: the MGVI position is the posterior mean, whatever the mesh."""
+    rng = np.random.default_rng(3)
+    n_lat, n = 6, 40
+    r = rng.normal(size=(n, n_lat))
+    std = 0.3 + 0.2 * rng.random(n)
+    d = r @ rng.normal(size=n_lat) + std * rng.normal(size=n)
+    domain = {"x": jax.ShapeDtypeStruct((n_lat,), jnp.float64)}
+    model = sv.Model(lambda xi, inp: inp["row"] @ xi["x"], domain, data_inputs={"row": r})
+    lh = sv.Gaussian(d, noise_std=std).amend(model, data_blocks=4)
+    prec = np.eye(n_lat) + r.T @ (r / std[:, None] ** 2)
+    mean = np.linalg.solve(prec, r.T @ (d / std**2))
+    cfg = sv.NewtonCGConfig(xtol=1e-12, maxiter=20, cg=sv.CGConfig(tol=1e-12, maxiter=50))
+    for strat in (ShardMap(devices=jax.devices()[:4], model_shards=2),):  # (Vmap: the same bits, tested below)
+        samples, _ = sv.optimize_kl(
+            lh,
+            {"x": jnp.zeros(n_lat)},
+            key=jax.random.PRNGKey(0),
+            n_total_iterations=2,
+            n_samples=2,
+            sample_mode="linear_resample",
+            linear_sampling=sv.CGConfig(tol=1e-12, maxiter=50),
+            kl_minimization=cfg,
+            sample_map=strat,
+            kl_map=strat,
+            progress=False,
+        )
+        np.testing.assert_allclose(np.asarray(samples.pos["x"]), mean, rtol=1e-9, atol=1e-10)
+        # each antithetic residual solves M r = y exactly: r.M.r is the chi^2 of y, never 0
+        res = np.asarray(samples.residuals["x"])
+        np.testing.assert_array_equal(res[0::2], -res[1::2])
+
+
+# ----------------------------------------------------------------------------- bitwise across layouts
+def _layouts(problem):
+    """Mesh layouts (sample shards x model shards) compared with the one-device run (``Vmap``, layout 1x1)."""
+    d = jax.devices()
+    layouts = {"2x2": ShardMap(devices=d[:4], model_shards=2), "1x4": ShardMap(devices=d[:4], model_shards=4)}
+    if problem is masked_problem:  # every layout; the radio problem (slower to compile) the model-split 4-device ones
+        layouts["1x2"] = ShardMap(devices=d[:2], model_shards=2)
+        layouts["4x1"] = ShardMap(devices=d[:4])  # samples only
+        layouts["jit-4x1"] = JitSharding(devices=d[:4])  # no FFT: GSPMD partitions the samples (data replicated)
+    return layouts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("problem", [masked_problem, radio_problem])
+def test_mgvi_geovi_runs_bitwise_equal_on_every_mesh_layout(problem):
+    model, _, blocked = problem()
+    pos = jax.tree.map(lambda v: 0.1 * v, model.init(jax.random.PRNGKey(5)))
+    ref, ref_kl, state = run_layout(blocked, pos, Vmap())
+    assert state.history[-1].chi2_likelihood is not None and np.isfinite(state.history[-1].chi2_likelihood)
+    for name, strat in _layouts(problem).items():
+        got, kl, _ = run_layout(blocked, pos, strat)
+        assert kl == ref_kl, name
+        for a, b in zip(got, ref):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
+
+
+def test_psum_mode_within_1e12():
+    model, _, blocked = masked_problem()
+    x = model.init(jax.random.PRNGKey(3))
+    t = model.init(jax.random.PRNGKey(4))
+    ref = blocked.metric_operator(x)(t)
+    fast = ShardMap(devices=jax.devices()[:4], model_shards=4, reduce="psum")
+    out = fast.map(lambda lh, xx, tt: lh.metric_operator(xx)(tt), (None, 0, None))(
+        blocked, jax.tree.map(lambda v: v[None], x), t
+    )
+    _close(jax.tree.map(lambda v: v[0], out), ref, rtol=1e-12)
+
+
+def test_one_gather_over_the_model_axis_per_metric_application():
+    """The data blocks are split over the model axis: one all-gather per metric application, no sample collective."""
+    model, _, blocked = masked_problem()
+    strat = ShardMap(devices=jax.devices()[:4], model_shards=2)
+    x = model.init(jax.random.PRNGKey(3))
+    xs = jax.tree.map(lambda v: jnp.stack([v, v]), x)
+
+    def apply(lh, xs, t):
+        return strat.map(lambda lik, xx, tt: lik.metric_operator(xx)(tt), (None, 0, None))(lh, xs, t)
+
+    placed = strat.place(blocked)
+    for leaf in jax.tree.leaves(placed.blocks):
+        assert leaf.sharding.spec[0] == "model"
+        assert leaf.addressable_shards[0].data.shape[0] == blocked.n_blocks // 2  # a device holds its blocks only
+    text = jax.jit(apply).lower(placed, xs, x).compile().as_text()
+    counts = sv.parallel.count_collectives(text)
+    # the metric's block sum (one all-gather over the row), then the strategy's gather of the stacked outputs
+    assert counts.all_gather == 2, counts
+    assert counts.all_reduce == 0, counts
+
+
+# ----------------------------------------------------------------------------- errors
+def test_bad_blocking_raises_clear_errors():
+    model, _, _ = masked_problem()
+    d = np.ones(N_DATA)
+    with pytest.raises(ValueError, match="data_blocks=5 does not divide the 96 data"):
+        sv.Gaussian(d, noise_std=1.0).amend(model, data_blocks=5)
+    with pytest.raises(ValueError, match="data_blocks must be a positive int"):
+        sv.Gaussian(d, noise_std=1.0).amend(model, data_blocks=0)
+    with pytest.raises(ValueError, match="needs a model built with data_inputs"):
+        sv.Gaussian(np.ones(3), noise_std=1.0).amend(sv.Model(lambda xi: xi["x"], {"x": jnp.zeros(3)}), data_blocks=1)
+    with pytest.raises(ValueError, match="data_inputs: their data axis has length 96"):
+        sv.Gaussian(np.ones(48), noise_std=1.0).amend(model, data_blocks=2)
+    with pytest.raises(ValueError, match="leading .data. axis"):
+        sv.Model(lambda xi, inp: xi["x"], {"x": jnp.zeros(3)}, data_inputs={"a": np.ones(3), "b": np.ones(4)})
+    _, _, blocked = masked_problem()
+    with pytest.raises(ValueError, match="model_shards=3 does not divide data_blocks=4"):
+        ShardMap(devices=jax.devices()[:3], model_shards=3).place(blocked)
+    with pytest.raises(ValueError, match="model_shards=3 does not divide the 4 devices"):
+        ShardMap(devices=jax.devices()[:4], model_shards=3)
+    with pytest.raises(ValueError, match="Pmap maps samples only"):
+        Pmap(model_shards=2)
+    with pytest.raises(TypeError, match="cannot be added"):
+        blocked + blocked
+
+
+def test_model_axis_context_is_scoped():
+    from shardvi.parallel.blocks import current_model_axis
+
+    assert current_model_axis() is None
+    with model_axis("model", 2):
+        assert current_model_axis().size == 2
+    assert current_model_axis() is None
