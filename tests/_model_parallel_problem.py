@@ -20,19 +20,39 @@ def _pixel_call(a, xi, inputs):
 
 
 @functools.cache
-def masked_problem(data_blocks=4, noise=0.1):
-    """Pixel-wise data of a nonlinear field at 96 of 576 pixels (no FFT: every strategy partitions it)."""
+def _masked_arrays(noise=0.1):
+    """``(a, pix, d, std)``: the field's matrix, the observed pixels, the data and their noise."""
     rng = np.random.default_rng(0)
     a = rng.normal(size=(N_PIX * N_PIX, N_LAT)) / 4.0
     pix = rng.choice(N_PIX * N_PIX, size=N_DATA, replace=False).astype(np.int32)
-    domain = {"x": jax.ShapeDtypeStruct((N_LAT,), jnp.float64)}
-    model = sv.Model(Partial(_pixel_call, jnp.asarray(a)), domain, data_inputs={"pix": pix})
+    model = _masked_model(a, pix)
     truth = model.init(jax.random.PRNGKey(1))
     d = np.asarray(model(truth)) + noise * rng.normal(size=N_DATA)
     std = noise * (1 + 0.5 * rng.random(N_DATA))
+    return a, pix, d, std
+
+
+def _masked_model(a, pix):
+    domain = {"x": jax.ShapeDtypeStruct((N_LAT,), jnp.float64)}
+    return sv.Model(Partial(_pixel_call, jnp.asarray(a)), domain, data_inputs={"pix": pix})
+
+
+@functools.cache
+def masked_problem(data_blocks=4):
+    """Pixel-wise data of a nonlinear field at 96 of 576 pixels (no FFT: every strategy partitions it)."""
+    a, pix, d, std = _masked_arrays()
+    model = _masked_model(a, pix)
     full = sv.Gaussian(d, noise_std=std).amend(model)
     blocked = sv.Gaussian(d, noise_std=std).amend(model, data_blocks=data_blocks)
     return model, full, blocked
+
+
+def masked_local_blocks(first: int, count: int, data_blocks=4):
+    """The likelihood of blocks ``[first, first + count)`` of :func:`masked_problem` only (one process's data)."""
+    a, pix, d, std = _masked_arrays()
+    size = N_DATA // data_blocks
+    sl = slice(first * size, (first + count) * size)
+    return sv.Gaussian(d[sl], noise_std=std[sl]).amend(_masked_model(a, pix[sl]), data_blocks=count)
 
 
 def _observe(resp, xi, inputs):

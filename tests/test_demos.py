@@ -103,6 +103,12 @@ def test_radio_imaging(tmp_path, capsys):
             "3",
             "--linear-iterations",
             "3",
+            "--devices",
+            "4",
+            "--strategy",
+            "shard_map",
+            "--model-shards",
+            "2",
             "--quiet",
             "--output",
             str(tmp_path),
@@ -110,6 +116,7 @@ def test_radio_imaging(tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert status == 0, out
+    assert "(2 sample x 2 model shards, 8 data blocks)" in out
     c_mean = number(r"correlation with the truth: posterior mean ([0-9.-]+)", out)
     c_dirty = number(r"dirty image ([0-9.-]+)", out)
     assert c_mean > c_dirty
@@ -156,6 +163,8 @@ def test_multi_device_comparison_is_bitwise(tmp_path, capsys):
         ("correlated_field_2d", ["--noise-std", "-1"], "--noise-std"),
         ("radio_imaging", ["--antennas", "2"], "--antennas"),
         ("radio_imaging", ["--noise-level", "0"], "--noise-level"),
+        ("radio_imaging", ["--model-shards", "2"], "--model-shards"),
+        ("radio_imaging", ["--model-shards", "2", "--strategy", "shard_map", "--devices", "3"], "--devices"),
         ("multi_device_comparison", ["--strategy", "vmap"], "--strategy"),
         ("multi_device_comparison", ["--devices", "1"], "--devices"),
         ("multi_device_comparison", ["--reduce", "sum"], "--reduce"),

@@ -7,6 +7,8 @@ mesh layouts, the psum mode, the collectives of one metric application, and the 
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -102,11 +104,11 @@ def test_wiener_filter_closed_form_with_blocked_data():
 def _layouts(problem):
     """Mesh layouts (sample shards x model shards) compared with the one-device run (``Vmap``, layout 1x1)."""
     d = jax.devices()
-    layouts = {"2x2": ShardMap(devices=d[:4], model_shards=2), "1x4": ShardMap(devices=d[:4], model_shards=4)}
-    if problem is masked_problem:  # every layout; the radio problem (slower to compile) the model-split 4-device ones
+    layouts = {"2x2": ShardMap(devices=d[:4], model_shards=2)}
+    if problem is masked_problem:  # every layout; the radio problem (slower to compile) the 2x2 mesh
         layouts["1x2"] = ShardMap(devices=d[:2], model_shards=2)
+        layouts["1x4"] = ShardMap(devices=d[:4], model_shards=4)
         layouts["4x1"] = ShardMap(devices=d[:4])  # samples only
-        layouts["jit-4x1"] = JitSharding(devices=d[:4])  # no FFT: GSPMD partitions the samples (data replicated)
     return layouts
 
 
@@ -124,16 +126,25 @@ def test_mgvi_geovi_runs_bitwise_equal_on_every_mesh_layout(problem):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
 
 
-def test_psum_mode_within_1e12():
+@pytest.mark.parametrize("strategy", ["jit", "shard_map-psum"])
+def test_metric_of_blocked_data_under_other_strategies(strategy):
+    """JitSharding (GSPMD, data replicated: the model has no FFT) gives the one-device bits; the psum mode
+    (per-shard block sums added by a psum over the model axis) is within 1e-12."""
     model, _, blocked = masked_problem()
-    x = model.init(jax.random.PRNGKey(3))
+    xs = jax.tree.map(lambda v: jnp.stack([v, 0.5 * v, -v, 0.2 * v]), model.init(jax.random.PRNGKey(3)))
     t = model.init(jax.random.PRNGKey(4))
-    ref = blocked.metric_operator(x)(t)
-    fast = ShardMap(devices=jax.devices()[:4], model_shards=4, reduce="psum")
-    out = fast.map(lambda lh, xx, tt: lh.metric_operator(xx)(tt), (None, 0, None))(
-        blocked, jax.tree.map(lambda v: v[None], x), t
-    )
-    _close(jax.tree.map(lambda v: v[0], out), ref, rtol=1e-12)
+
+    def apply(strat):
+        fn = strat.map(lambda lh, xx, tt: lh.metric_operator(xx)(tt), (None, 0, None))
+        return jax.jit(fn)(strat.place(blocked), xs, t)
+
+    ref = apply(Vmap())
+    if strategy == "jit":
+        got = apply(JitSharding(devices=jax.devices()[:4]))
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    else:
+        _close(apply(ShardMap(devices=jax.devices()[:4], model_shards=4, reduce="psum")), ref, rtol=1e-12)
 
 
 def test_one_gather_over_the_model_axis_per_metric_application():
@@ -178,6 +189,8 @@ def test_bad_blocking_raises_clear_errors():
         ShardMap(devices=jax.devices()[:4], model_shards=3)
     with pytest.raises(ValueError, match="Pmap maps samples only"):
         Pmap(model_shards=2)
+    with pytest.raises(ValueError, match="JitSharding does not split data blocks"):
+        JitSharding(model_shards=2)
     with pytest.raises(TypeError, match="cannot be added"):
         blocked + blocked
 
@@ -189,3 +202,43 @@ def test_model_axis_context_is_scoped():
     with model_axis("model", 2):
         assert current_model_axis().size == 2
     assert current_model_axis() is None
+
+
+def _axis_of(groups: str) -> str:
+    """``"model"`` or ``"samples"`` for the replica groups of a collective on the 2x2 mesh of devices 0..3.
+
+    XLA prints them as device lists (``{{0,1},{2,3}}``), iota lists (``[2,2]<=[4]``) or mesh axes
+    (``mesh['axis_0'=2,'axis_1'=2] {'axis_0'}``: the first axis is the sample axis, the last the model axis).
+    """
+    if groups in ("{{0,1},{2,3}}", "[2,2]<=[4]"):
+        return "model"
+    if groups in ("{{0,2},{1,3}}", "[2,2]<=[2,2]T(1,0)"):
+        return "samples"
+    m = re.fullmatch(r"mesh\[(.*)\] \{'(\w+)'\}", groups)
+    if m:
+        names = re.findall(r"'(\w+)'=", m.group(1))
+        return {names[0]: "samples", names[-1]: "model"}.get(m.group(2), groups)
+    return groups
+
+
+def test_sampling_cg_gathers_over_the_model_axis_only():
+    """In the MGVI sampling step on a 2x2 mesh every collective inside a loop (the CG, the chunk loop) is over the
+    model axis; over the sample axis there is only the gather of the results, outside the loops."""
+    model, _, blocked = masked_problem()
+    strat = ShardMap(devices=jax.devices()[:4], model_shards=2)
+    opt = sv.OptimizeVI(blocked, 1, n_samples=2, sample_map=strat, kl_map=strat, progress=False, precompile=False)
+    keys = jax.random.split(jax.random.PRNGKey(0), 2)
+    text = opt._draw_linear.lower(model.init(jax.random.PRNGKey(1)), keys, config=sv.CGConfig()).compile().as_text()
+    counts = sv.parallel.count_collectives(text)
+    axes = [
+        _axis_of(g)
+        for g in re.findall(
+            r"= \S+ (?:all-gather|all-reduce)(?:-start)?\(.*?replica_groups=(.*?), (?:dimensions|to_apply|use_global)",
+            text,
+        )
+    ]
+    assert len(axes) == counts.total, (axes, counts)
+    assert set(axes) <= {"model", "samples"}, axes
+    assert counts.in_loops >= 2, counts  # the metric sample's and the CG metric's block sums
+    assert axes.count("model") == counts.in_loops, (axes, counts)
+    assert axes.count("samples") == counts.total - counts.in_loops, (axes, counts)

@@ -92,7 +92,8 @@ def block_map(fn: Callable, blocks, *broadcast):
     every block wherever it is placed.
     """
     in_axes = (0,) + (None,) * len(broadcast)
-    return chunked_apply(fn, in_axes, (blocks,) + tuple(broadcast), 1)
+    # copy_free: the data blocks are read in place (no copy of a device's data per block sum)
+    return chunked_apply(fn, in_axes, (blocks,) + tuple(broadcast), 1, copy_free=True)
 
 
 def block_sum(fn: Callable, blocks, *broadcast):

@@ -72,15 +72,24 @@ class JitSharding(MultiDevice):
         reproducible; ``"psum"``: per-device sums reduced by an all-reduce.
     pad : bool
         Pad unplaceable sample counts with masked copies (default) or raise.
+    model_shards : int
+        Only 1: the data blocks of a likelihood amended with ``data_blocks``
+        are replicated (use :class:`~shardvi.parallel.ShardMap` to split them).
     """
 
     devices: Sequence | None = None
     chunk_size: int = 1
     reduce: str = "fixed"
     pad: bool = True
+    model_shards: int = 1
     name: str = dataclasses.field(default="jit", init=False)
 
     def __post_init__(self):
+        if self.model_shards != 1:
+            raise ValueError(
+                f"model_shards={self.model_shards!r}: JitSharding does not split data blocks over a model axis yet "
+                f"(a blocked likelihood runs with its data replicated); use ShardMap(model_shards=...)"
+            )
         self._validate()
 
     def _jit(self, per_device_fn, in_axes, out_sharding):

@@ -258,7 +258,7 @@ def _varying_axes(x) -> tuple:
     return tuple(sorted(getattr(mat, "varying", ()) or ()))
 
 
-def chunked_apply(fn: Callable, in_axes: tuple, args: tuple, chunk: int | None):
+def chunked_apply(fn: Callable, in_axes: tuple, args: tuple, chunk: int | None, *, copy_free: bool = False):
     """Evaluate ``fn`` per sample in vectorized chunks of exactly ``chunk`` samples.
 
     The mapped arguments' leading axis must be a multiple of ``chunk``. The
@@ -268,6 +268,13 @@ def chunked_apply(fn: Callable, in_axes: tuple, args: tuple, chunk: int | None):
     ``vmap`` over a batch of one through the solvers' nested loops took longer
     than tracing the solvers). ``chunk=None`` vectorizes the whole axis at once
     (one ``vmap``).
+
+    The loop reads one spare chunk past the end so that XLA never sees a slice
+    that does not depend on the loop index (see below): by default the mapped
+    arguments are copied with a spare chunk appended. ``copy_free=True`` (for
+    large mapped arguments, e.g. data blocks) reads them in place instead and
+    selects between the indexed chunk and a separate copy of the last chunk:
+    one chunk of temporary memory instead of a copy of the whole axis.
     """
     xs = tuple(a for a, ax in zip(args, in_axes) if ax == 0)
 
@@ -284,25 +291,41 @@ def chunked_apply(fn: Callable, in_axes: tuple, args: tuple, chunk: int | None):
     # one spare chunk (never computed): with a single chunk the slice blocks[i] would not depend on i and
     # XLA would hoist the whole per-sample computation out of the loop into a differently optimized context
     n_chunks = n // chunk
-    blocks = jtu.tree_map(lambda x: jnp.concatenate([x, x[-chunk:]]).reshape((n_chunks + 1, chunk) + x.shape[1:]), xs)
+    if copy_free:  # the chunks in place (a reshape) and the spare: a copy of the last chunk only
+        blocks = jtu.tree_map(lambda x: x.reshape((n_chunks, chunk) + x.shape[1:]), xs)
+        spare = jtu.tree_map(lambda x: x[-chunk:], xs)
+    else:
+        blocks = jtu.tree_map(
+            lambda x: jnp.concatenate([x, x[-chunk:]]).reshape((n_chunks + 1, chunk) + x.shape[1:]), xs
+        )
+        spare = None
     out0 = jtu.tree_map(lambda s: jnp.zeros((n_chunks + 1, chunk) + s.shape, s.dtype), out_shape)
     varying = _varying_axes(jtu.tree_leaves(blocks)[0])
     if varying:  # inside shard_map(check_vma=True): the output buffer carry must be device-varying too
         out0 = jtu.tree_map(lambda o: jax.lax.pcast(o, varying, to="varying"), out0)
 
+    def read(blocks, spare, i):
+        if spare is None:
+            return jtu.tree_map(lambda b: jax.lax.dynamic_index_in_dim(b, i, keepdims=False), blocks)
+        # chunk i for i < n_chunks, else the spare: never a slice XLA could prove independent of i
+        at = jnp.minimum(i, n_chunks - 1)
+        return jtu.tree_map(
+            lambda b, s: jnp.where(i < n_chunks, jax.lax.dynamic_index_in_dim(b, at, keepdims=False), s), blocks, spare
+        )
+
     def body(i, carry):
-        consts, blocks, out = carry
-        x = jtu.tree_map(lambda b: jax.lax.dynamic_index_in_dim(b, i, keepdims=False), blocks)
+        consts, (blocks, spare), out = carry
+        x = read(blocks, spare, i)
         if chunk == 1:  # one sample per pass: the per-sample program itself, no vmap (see the docstring)
             y = jtu.tree_map(lambda v: v[None], run(consts, *jtu.tree_map(lambda b: b[0], x)))
         else:
             y = jax.vmap(run, in_axes=(None,) + (0,) * len(xs))(consts, *x)
         out = jtu.tree_map(lambda o, v: jax.lax.dynamic_update_index_in_dim(o, v, i, 0), out, y)
-        return consts, blocks, out
+        return consts, (blocks, spare), out
 
     # a trip count XLA cannot see: a loop of one chunk is not inlined into (and optimized with) its context
     trips = jax.lax.optimization_barrier(jnp.asarray(n_chunks, jnp.int32))
-    _, _, ys = jax.lax.fori_loop(0, trips, body, (consts, blocks, out0))
+    _, _, ys = jax.lax.fori_loop(0, trips, body, (consts, (blocks, spare), out0))
     return jtu.tree_map(lambda y: y[:n_chunks].reshape((n,) + y.shape[2:]), ys)
 
 

@@ -37,7 +37,7 @@ from ..models.model import Model
 from ..parallel.blocks import block_sum
 from .likelihood import AmendedLikelihood, Likelihood, _check_same_dtypes, _shape_tree, register_blocked_class
 
-__all__ = ["BlockedLikelihood"]
+__all__ = ["BlockedLikelihood", "assemble_process_blocks"]
 
 
 def _block_leaf(x, n: int, n_blocks: int, what: str):
@@ -307,6 +307,74 @@ class BlockedLikelihood(Likelihood):
                 "data_blocks": np.asarray(self.n_blocks),
             }
         }
+
+
+def assemble_process_blocks(local: BlockedLikelihood, strategy) -> BlockedLikelihood:
+    """The blocked likelihood of all processes from each process's own blocks (multi-process model parallelism).
+
+    In a multi-process run (:func:`~shardvi.parallel.initialize_distributed`) no
+    process needs to load the data of the others: each builds ``local``, the
+    likelihood of the blocks its devices hold along ``strategy``'s model axis
+    (``sv.Gaussian(d_local, ...).amend(model_local, data_blocks=b_local)``, with
+    the same block size everywhere), and this function joins them into one
+    likelihood whose blocks are global arrays split over the model axis
+    (``jax.make_array_from_process_local_data``). Process ``p`` must pass the
+    blocks ``[m0 * B / k, m1 * B / k)`` of the whole data, ``[m0, m1)`` the
+    model-axis positions of its devices; the result then equals (bitwise, in
+    every computation) the likelihood of all data built in one process.
+
+    Parameters
+    ----------
+    local : BlockedLikelihood
+        This process's blocks.
+    strategy : shardvi.parallel.ShardMap
+        The strategy of the run, with ``model_shards`` dividing the block count.
+    """
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from ..parallel.mesh import MODEL_AXIS
+
+    if not isinstance(local, BlockedLikelihood):
+        raise TypeError(f"local must be a BlockedLikelihood (amend(..., data_blocks=...)), got {type(local).__name__}")
+    k = getattr(strategy, "model_shards", 1)
+    mesh = strategy.mesh
+    if k == 1 or MODEL_AXIS not in mesh.axis_names:
+        raise ValueError("strategy must split a model axis (e.g. ShardMap(model_shards=k) with k > 1)")
+    me = jax.process_index()
+    grid = np.asarray(mesh.devices)
+    cols = sorted({c for (_, c), d in np.ndenumerate(grid) if d.process_index == me})
+    if not cols or cols != list(range(cols[0], cols[-1] + 1)):
+        raise ValueError(f"this process's devices hold model-axis positions {cols}: they must be one contiguous range")
+    n_cols = len(cols)
+    n_blocks = local.n_blocks * k // n_cols
+    if local.n_blocks * k % n_cols:
+        raise ValueError(f"local holds {local.n_blocks} blocks for {n_cols} of {k} model shards: not a whole share")
+    first = cols[0] * n_blocks // k
+    sharding = NamedSharding(mesh, P(MODEL_AXIS))
+
+    def glob(x, index=False):
+        x = np.asarray(x) + (first if index else 0)
+        return jax.make_array_from_process_local_data(sharding, x, (n_blocks,) + x.shape[1:])
+
+    blocks = {
+        "likelihood": jtu.tree_map(glob, local.blocks["likelihood"]),
+        "inputs": jtu.tree_map(glob, local.blocks["inputs"]),
+        "index": glob(local.blocks["index"], index=True),
+    }
+    n = n_blocks * local.block_size
+
+    def whole(d):
+        return jax.ShapeDtypeStruct((n,) + tuple(d.shape)[1:], d.dtype)
+
+    lsm = local.lsm_tangents_shape
+    return local._replaced(
+        blocks=blocks,
+        n_blocks=n_blocks,
+        n_data=n,
+        data_domain=jtu.tree_map(whole, local.data_domain),
+        lsm_tangents_shape=None if lsm is None else jtu.tree_map(whole, lsm),
+    )
 
 
 register_blocked_class(BlockedLikelihood)
