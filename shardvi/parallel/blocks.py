@@ -29,7 +29,7 @@ from jax import tree_util as jtu
 from jax.sharding import PartitionSpec as P
 
 from .mesh import MODEL_AXIS
-from .strategy import chunked_apply
+from .strategy import chunked_apply, ordered_sum
 
 __all__ = [
     "MODEL_AXIS",
@@ -38,7 +38,6 @@ __all__ = [
     "current_model_axis",
     "block_map",
     "block_sum",
-    "ordered_sum",
     "is_blocked",
     "blocked_nodes",
     "model_specs",
@@ -73,15 +72,6 @@ def model_axis(name: str = MODEL_AXIS, size: int = 1, reduce: str = "fixed"):
 def current_model_axis() -> ModelAxis | None:
     """The :class:`ModelAxis` being traced under, or ``None`` (all blocks are local)."""
     return _CURRENT.get()
-
-
-def ordered_sum(stacked):
-    """Sum over the leading axis strictly left to right (bitwise independent of how it was computed)."""
-
-    def one(x):
-        return jax.lax.fori_loop(1, x.shape[0], lambda i, a: a + x[i], x[0])
-
-    return jtu.tree_map(one, stacked)
 
 
 def block_map(fn: Callable, blocks, *broadcast):

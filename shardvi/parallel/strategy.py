@@ -32,6 +32,7 @@ __all__ = [
     "Strategy",
     "get_strategy",
     "fixed_order_mean",
+    "ordered_sum",
     "map_mean",
     "place",
     "chunked_apply",
@@ -196,10 +197,14 @@ def fixed_order_mean(stacked):
         n = x.shape[0]
         if n == 0:
             raise ValueError("cannot average over zero samples")
-        acc = jax.lax.fori_loop(1, n, lambda i, a: a + x[i], x[0])
-        return acc * (1.0 / n)
+        return ordered_sum(x) * (1.0 / n)
 
     return jtu.tree_map(one, stacked)
+
+
+def ordered_sum(stacked):
+    """Sum over the leading axis strictly left to right (bitwise independent of how the entries were computed)."""
+    return jtu.tree_map(lambda x: jax.lax.fori_loop(1, x.shape[0], lambda i, a: a + x[i], x[0]), stacked)
 
 
 def tree_mean(stacked):

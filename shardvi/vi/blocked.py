@@ -35,6 +35,7 @@ from jax import tree_util as jtu
 from .. import tree_math as tm
 from ..models.model import Model
 from ..parallel.blocks import block_sum
+from .diagnostics import _real_dof
 from .likelihood import AmendedLikelihood, Likelihood, _check_same_dtypes, _shape_tree, register_blocked_class
 
 __all__ = ["BlockedLikelihood", "assemble_process_blocks"]
@@ -272,7 +273,7 @@ class BlockedLikelihood(Likelihood):
 
         def one(blk, x):
             r = blk["likelihood"].normalized_residual(self._signal(blk, x))
-            return sum(jnp.sum(jnp.abs(v) ** 2) / (2.0 if jnp.iscomplexobj(v) else 1.0) for v in jtu.tree_leaves(r))
+            return sum(jnp.sum(jnp.abs(v) ** 2) / _real_dof(v) for v in jtu.tree_leaves(r))
 
         return self._sum(one, xi), self.chi2_sum_dof
 
