@@ -227,6 +227,7 @@ def test_precompiler_pipelines_lowering_and_compiling():
     pc.submit("a", lower("a", _SlowCompile))
     pc.submit("b", lower("b", after=lowered_b))
     assert lowered_b.wait(5)
+    assert compiling_a.wait(5)  # a is in the compile thread (not merely lowered: the caller would compile it)
     pc.claim("a")  # being compiled: waited for
     assert pc.ready("b") or pc._jobs["b"].state in ("to-compile", "compiling")
     pc.join()
