@@ -91,19 +91,19 @@ def _all_finite(a) -> bool:
 
 def _check_data_inputs(inputs):
     """A non-empty pytree of arrays sharing a leading data axis of length >= 1 (kept where they are)."""
-    leaves, treedef = jtu.tree_flatten(inputs)
-    if not leaves:
+    items, treedef = jtu.tree_flatten_with_path(inputs)
+    if not items:
         raise ValueError(f"data_inputs must contain at least one array, got {inputs!r}")
     out, lengths = [], set()
-    for path, leaf in jtu.tree_flatten_with_path(inputs)[0]:
-        where = jtu.keystr(path) or "data_inputs"
+    for path, leaf in items:
+        where = "data_inputs" + jtu.keystr(path)
         if not (isinstance(leaf, jax.Array) or hasattr(leaf, "__array__")):
-            raise TypeError(f"data_inputs{jtu.keystr(path)} must be an array, got {type(leaf).__name__}")
+            raise TypeError(f"{where} must be an array, got {type(leaf).__name__}")
         arr = leaf if isinstance(leaf, jax.Array) else np.asarray(leaf)
         if arr.dtype.kind not in "biufc":
-            raise TypeError(f"data_inputs{jtu.keystr(path)} must be numeric, got dtype {arr.dtype}")
+            raise TypeError(f"{where} must be numeric, got dtype {arr.dtype}")
         if arr.ndim == 0:
-            raise ValueError(f"data_inputs{jtu.keystr(path)} is a scalar: every input needs the data axis in front")
+            raise ValueError(f"{where} is a scalar: every input needs the data axis in front")
         lengths.add((where, int(arr.shape[0])))
         out.append(arr)
     if len({n for _, n in lengths}) != 1:
@@ -165,12 +165,6 @@ class Model(Module):
         if getattr(self, "data_inputs", None) is None:
             return None
         return int(np.shape(jtu.tree_leaves(self.data_inputs)[0])[0])
-
-    def call_block(self, xi, inputs):
-        """``call(xi, inputs)``: the predictions for one block of ``data_inputs`` (requires them)."""
-        if getattr(self, "data_inputs", None) is None:
-            raise TypeError("call_block needs a Model built with data_inputs")
-        return self.call(xi, inputs)
 
     def set_domain(self, domain) -> None:
         """Set ``domain`` (validated, real) and ``target`` (the output shapes of ``self(xi)``)."""

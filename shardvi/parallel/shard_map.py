@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Sequence
 
@@ -84,9 +85,9 @@ class ShardMap(MultiDevice):
     def _local(self, fn, in_axes, local):
         if self.check_vma:
             local = [_to_varying(a) if ax is None else a for a, ax in zip(local, in_axes)]
-        if self.model_shards == 1:
-            return chunked_apply(fn, in_axes, tuple(local), self.chunk_size)
-        with model_axis(MODEL_AXIS, self.model_shards, self.reduce):  # the block sums gather over the row
+        # with model shards, the block sums traced in fn gather over the row
+        split = self.model_shards > 1
+        with model_axis(MODEL_AXIS, self.model_shards, self.reduce) if split else contextlib.nullcontext():
             return chunked_apply(fn, in_axes, tuple(local), self.chunk_size)
 
     def _shard_map(self, body, in_axes, out_specs, args):

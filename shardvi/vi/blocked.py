@@ -36,7 +36,7 @@ from .. import tree_math as tm
 from ..models.model import Model
 from ..parallel.blocks import block_sum
 from .diagnostics import _real_dof
-from .likelihood import AmendedLikelihood, Likelihood, _check_same_dtypes, _shape_tree, register_blocked_class
+from .likelihood import AmendedLikelihood, Likelihood, _check_model_matches_data, register_blocked_class
 
 __all__ = ["BlockedLikelihood", "assemble_process_blocks"]
 
@@ -121,12 +121,7 @@ class BlockedLikelihood(Likelihood):
                 f"data_blocks={data_blocks} does not divide the {n} data: use a divisor of {n} "
                 f"(e.g. {_divisors(n)[-4:]}) or pad the data to a multiple of data_blocks"
             )
-        if _shape_tree(model.target) != _shape_tree(likelihood.domain):
-            raise ValueError(
-                "model output does not match the likelihood's data: model.target is "
-                f"{_shape_tree(model.target)}, likelihood expects {_shape_tree(likelihood.domain)}"
-            )
-        _check_same_dtypes(model.target, likelihood.domain)
+        _check_model_matches_data(model, likelihood)
         size = n // data_blocks
         inputs = jtu.tree_map(lambda x: _block_leaf(x, n, data_blocks, "data_inputs"), model.data_inputs)
         leaves, treedef = jtu.tree_flatten(likelihood)

@@ -49,6 +49,16 @@ def _check_same_dtypes(target, domain) -> None:
             )
 
 
+def _check_model_matches_data(model, likelihood) -> None:
+    """``amend``: the model output must match the data in structure and shapes (``ValueError``) and in dtypes."""
+    if _shape_tree(model.target) != _shape_tree(likelihood.domain):
+        raise ValueError(
+            "model output does not match the likelihood's data: model.target is "
+            f"{_shape_tree(model.target)}, likelihood expects {_shape_tree(likelihood.domain)}"
+        )
+    _check_same_dtypes(model.target, likelihood.domain)
+
+
 def _overrides(obj, name: str) -> bool:
     """Whether ``type(obj)`` defines method ``name`` itself rather than inheriting :class:`Likelihood`'s."""
     return getattr(type(obj), name) is not getattr(Likelihood, name)
@@ -370,12 +380,7 @@ class AmendedLikelihood(Likelihood):
             if callable(model):
                 raise TypeError("model must be a shardvi.Model (wrap the function: sv.Model(call, domain))")
             raise TypeError(f"model must be a shardvi.Model, got {type(model).__name__}")
-        if _shape_tree(model.target) != _shape_tree(likelihood.domain):
-            raise ValueError(
-                "model output does not match the likelihood's data: model.target is "
-                f"{_shape_tree(model.target)}, likelihood expects {_shape_tree(likelihood.domain)}"
-            )
-        _check_same_dtypes(model.target, likelihood.domain)
+        _check_model_matches_data(model, likelihood)
         self.likelihood = likelihood
         self.model = model
         self.domain = model.domain
