@@ -91,3 +91,19 @@ def run_layout(lh, pos, strategy, **kw):
         **kw,
     )
     return jax.tree.leaves((samples.pos, samples.residuals)), [h.kl_energy for h in state.history], state
+
+
+@functools.cache
+def one_device_run(problem_name: str = "masked", level: int | None = None):
+    """:func:`run_layout` of a problem on one device (``Vmap``), cached per test process: the reference of the
+    layout comparisons (``level``: the LLVM level of the engine's steps, ``None`` for the engine's default)."""
+    from shardvi.parallel import Vmap
+
+    model, _, blocked = {"masked": masked_problem, "radio": radio_problem}[problem_name]()
+    kw = {} if level is None else {"compiler_options": {"xla_backend_optimization_level": level}}
+    return run_layout(blocked, start_position(model), Vmap(), **kw)
+
+
+def start_position(model):
+    """The start of the layout comparisons."""
+    return jax.tree.map(lambda v: 0.1 * v, model.init(jax.random.PRNGKey(5)))

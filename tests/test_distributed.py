@@ -66,11 +66,9 @@ def test_two_processes_bitwise_equal_to_one_process(tmp_path, strategy):
         assert a.shape == b.shape and np.array_equal(a, b), f"array {i} differs"
     # model parallelism over the two processes (2 sample shards x 2 model shards, the model axis across
     # the processes): bitwise the one-device run
-    from _model_parallel_problem import masked_problem, run_layout
+    from _model_parallel_problem import one_device_run
 
-    model, _, blocked = masked_problem()
-    pos = jax.tree.map(lambda v: 0.1 * v, model.init(jax.random.PRNGKey(5)))
-    ref_arrays, ref_kl, _ = run_layout(blocked, pos, sv.parallel.Vmap())
+    ref_arrays, ref_kl, _ = one_device_run("masked")
     got = np.load(out.replace(".npz", "_model.npz"))
     assert list(got["kl"]) == ref_kl
     for i, b in enumerate(ref_arrays):

@@ -15,6 +15,14 @@ so the result is bitwise the same for any number of model shards that
 divides ``B``. ``reduce="psum"`` (the strategy's fast mode) sums the local
 blocks and adds the shards' sums with a ``psum`` instead (about one ulp
 apart).
+
+Under a strategy that partitions with GSPMD (``JitSharding(model_shards=k)``)
+the per-sample work is not traced per device, so the model axis carries its
+mesh: :func:`block_sum` then opens a ``shard_map`` over that mesh and runs the
+same per-device loop, gather and ordered sum inside it. The strategy maps its
+device batch with ``vmap(..., spmd_axis_name=<sample axis>)``, so the batched
+arguments of that ``shard_map`` stay split over the sample axis (no sample
+collective inside the solvers).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from typing import NamedTuple
 
 import jax
 from jax import tree_util as jtu
+from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from .mesh import MODEL_AXIS
@@ -45,24 +54,32 @@ __all__ = [
 
 
 class ModelAxis(NamedTuple):
-    """The model axis the per-sample work is traced under: its name, size and reduction mode."""
+    """The model axis the per-sample work is traced under: its name, size, reduction mode and mesh.
+
+    ``mesh`` is ``None`` when the work is traced per device (inside a ``shard_map``
+    manual over the axis), else the mesh of the GSPMD program whose block sums open a
+    ``shard_map`` of their own.
+    """
 
     name: str
     size: int
     reduce: str = "fixed"
+    mesh: Mesh | None = None
 
 
 _CURRENT: contextvars.ContextVar[ModelAxis | None] = contextvars.ContextVar("shardvi_model_axis", default=None)
 
 
 @contextlib.contextmanager
-def model_axis(name: str = MODEL_AXIS, size: int = 1, reduce: str = "fixed"):
+def model_axis(name: str = MODEL_AXIS, size: int = 1, reduce: str = "fixed", mesh: Mesh | None = None):
     """Trace the enclosed code with the data blocks split over mesh axis ``name`` of ``size`` devices.
 
-    Used by strategies around the per-sample function they map (inside their
-    ``shard_map``); :func:`block_sum` then gathers over ``name``.
+    Used by strategies around the per-sample function they map: inside their
+    ``shard_map`` (``mesh=None``), where :func:`block_sum` gathers over
+    ``name``, or around a GSPMD-partitioned ``jax.jit`` (``mesh`` given), where
+    each block sum is a ``shard_map`` over ``mesh`` (see the module docstring).
     """
-    token = _CURRENT.set(ModelAxis(name, int(size), reduce))
+    token = _CURRENT.set(ModelAxis(name, int(size), reduce, mesh))
     try:
         yield
     finally:
@@ -88,14 +105,32 @@ def block_map(fn: Callable, blocks, *broadcast):
 
 def block_sum(fn: Callable, blocks, *broadcast):
     """``sum_b fn(block_b, *broadcast)`` over all blocks, in block order (see the module docstring)."""
-    parts = block_map(fn, blocks, *broadcast)
     axis = current_model_axis()
+    if axis is not None and axis.size > 1 and axis.mesh is not None:
+        return _manual_block_sum(axis, fn, blocks, broadcast)
+    parts = block_map(fn, blocks, *broadcast)
     if axis is None or axis.size == 1:
         return ordered_sum(parts)
     if axis.reduce == "psum":
         return jax.lax.psum(ordered_sum(parts), axis.name)
     gathered = jtu.tree_map(lambda p: jax.lax.all_gather(p, axis.name, axis=0, tiled=True), parts)
     return ordered_sum(gathered)
+
+
+def _manual_block_sum(axis: ModelAxis, fn, blocks, broadcast):
+    """:func:`block_sum` in a ``shard_map`` over ``axis.mesh`` (inside a GSPMD program).
+
+    Blocks split over ``axis.name``; the other arguments replicated, except the dimension a
+    ``vmap(..., spmd_axis_name=...)`` around this call batches, which stays split over that axis.
+    """
+
+    def local(blk, *bc):
+        with model_axis(axis.name, axis.size, axis.reduce):  # per device now: gather over the axis
+            return block_sum(fn, blk, *bc)
+
+    in_specs = (P(axis.name),) + (P(),) * len(broadcast)
+    mapped = jax.shard_map(local, mesh=axis.mesh, in_specs=in_specs, out_specs=P(), check_vma=False)
+    return mapped(blocks, *broadcast)
 
 
 def is_blocked(node) -> bool:
@@ -109,13 +144,18 @@ def blocked_nodes(tree) -> list:
 
 
 def model_specs(tree, axis: str = MODEL_AXIS):
-    """A ``PartitionSpec`` per leaf of ``tree``: ``P(axis)`` for blocked likelihoods' data blocks, else ``P()``."""
+    """A ``PartitionSpec`` per leaf of ``tree``: ``P(axis)`` for blocked likelihoods' data blocks, else ``P()``.
+
+    The data blocks are the non-scalar leaves of a blocked likelihood's ``blocks`` (their
+    leading axis is split: whole blocks per device); scalars there are replicated.
+    """
     rest = P()
     flat = []
     for node in jtu.tree_leaves(tree, is_leaf=is_blocked):
         if is_blocked(node):
-            for path, _ in jtu.tree_flatten_with_path(node)[0]:
-                flat.append(P(axis) if path and path[0] == jtu.GetAttrKey("blocks") else rest)
+            for path, leaf in jtu.tree_flatten_with_path(node)[0]:
+                split = path and path[0] == jtu.GetAttrKey("blocks") and len(getattr(leaf, "shape", ())) > 0
+                flat.append(P(axis) if split else rest)
         else:
             flat.append(rest)
     return jtu.tree_unflatten(jtu.tree_structure(tree), flat)

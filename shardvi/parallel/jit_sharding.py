@@ -8,15 +8,23 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+from jax import tree_util as jtu
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from ._base import MultiDevice, divide, masked_local_sum, reshape_from_devices, reshape_to_devices
-from .mesh import replicated, sharded
+from .blocks import MODEL_AXIS, model_axis, model_specs
+from .mesh import SAMPLE_AXIS, replicated, sharded
 from .strategy import check_in_axes, chunked_apply, register_strategy
 
 __all__ = ["JitSharding", "unpartitionable_primitives"]
 
 #: primitives XLA's SPMD partitioner replicates instead of splitting along the batch
 _UNPARTITIONED = ("fft", "custom_call", "ffi_call", "pure_callback", "nufft")
+
+
+def _is_spec(x) -> bool:
+    return isinstance(x, P)
 
 
 def unpartitionable_primitives(jaxpr) -> set:
@@ -73,8 +81,15 @@ class JitSharding(MultiDevice):
     pad : bool
         Pad unplaceable sample counts with masked copies (default) or raise.
     model_shards : int
-        Only 1: the data blocks of a likelihood amended with ``data_blocks``
-        are replicated (use :class:`~shardvi.parallel.ShardMap` to split them).
+        Devices along a second mesh axis, ``"model"``, over which the data
+        blocks of a likelihood amended with ``data_blocks`` are split (see
+        :class:`~shardvi.parallel.ShardMap`): the mesh is ``(len(devices) //
+        model_shards, model_shards)``, GSPMD splits the samples over its rows
+        and every block sum is a ``shard_map`` manual over the model axis (each
+        device evaluates its own blocks; one all-gather of per-block terms, or
+        a ``psum`` with ``reduce="psum"``). Bitwise equal to one device when
+        ``model_shards`` divides ``data_blocks`` and the model has no FFT.
+        Default 1: data replicated.
     """
 
     devices: Sequence | None = None
@@ -85,18 +100,35 @@ class JitSharding(MultiDevice):
     name: str = dataclasses.field(default="jit", init=False)
 
     def __post_init__(self):
-        if self.model_shards != 1:
-            raise ValueError(
-                f"model_shards={self.model_shards!r}: JitSharding does not split data blocks over a model axis yet "
-                f"(a blocked likelihood runs with its data replicated); use ShardMap(model_shards=...)"
-            )
         self._validate()
 
-    def _jit(self, per_device_fn, in_axes, out_sharding):
+    def _jit(self, per_device_fn, in_axes, out_sharding, args):
+        """``jit(vmap(per_device_fn))(*args)`` with the samples split over the sample axis."""
         mesh = self.mesh
-        in_shardings = tuple(sharded(mesh) if ax == 0 else replicated(mesh) for ax in in_axes)
-        batched = jax.vmap(per_device_fn, in_axes=tuple(in_axes))
-        return jax.jit(batched, in_shardings=in_shardings, out_shardings=out_sharding)
+        if self.model_shards == 1:
+            batched = jax.vmap(per_device_fn, in_axes=tuple(in_axes))
+            in_shardings = tuple(sharded(mesh) if ax == 0 else replicated(mesh) for ax in in_axes)
+            return jax.jit(batched, in_shardings=in_shardings, out_shardings=out_sharding)(*args)
+        # the device axis is the sample mesh axis (also for the block sums' shard_maps inside)
+        batched = jax.vmap(per_device_fn, in_axes=tuple(in_axes), spmd_axis_name=SAMPLE_AXIS)
+        # data blocks split over the model axis: one sharding per leaf (blocks P("model"), the rest P())
+        self.check_blocks(args)
+        flat, treedef = jtu.tree_flatten(tuple(args))
+        shardings = []
+        for a, ax in zip(args, in_axes):
+            n_leaves = len(jtu.tree_leaves(a))
+            if ax == 0:
+                shardings += [sharded(mesh)] * n_leaves
+            else:
+                shardings += [NamedSharding(mesh, spec) for spec in jtu.tree_leaves(model_specs(a), is_leaf=_is_spec)]
+
+        def flat_fn(*leaves):
+            return batched(*jtu.tree_unflatten(treedef, leaves))
+
+        jitted = jax.jit(flat_fn, in_shardings=tuple(shardings), out_shardings=out_sharding)
+        # traced here: every block sum in the per-sample work becomes a shard_map manual over the model axis
+        with model_axis(MODEL_AXIS, self.model_shards, self.reduce, mesh=mesh):
+            return jitted(*flat)
 
     def _warn_unpartitionable(self, fn, in_axes, args):
         if len(self.resolved_devices) < 2:
@@ -121,7 +153,7 @@ class JitSharding(MultiDevice):
             layout, padded = self._prepare(args, in_axes)
             split = [reshape_to_devices(a, layout) if ax == 0 else a for a, ax in zip(padded, in_axes)]
             per_device = lambda *local: chunked_apply(fn, in_axes, local, self.chunk_size)  # noqa: E731
-            out = self._jit(per_device, in_axes, sharded(self.mesh))(*split)
+            out = self._jit(per_device, in_axes, sharded(self.mesh), split)
             return self._finish(reshape_from_devices(out, layout), layout)
 
         return mapped
@@ -140,7 +172,7 @@ class JitSharding(MultiDevice):
                 vals = chunked_apply(fn, in_axes, tuple(local), self.chunk_size)
                 return masked_local_sum(vals, layout, d)
 
-            parts = self._jit(per_device, axes, sharded(self.mesh))(*split, jnp.arange(layout.n_devices))
+            parts = self._jit(per_device, axes, sharded(self.mesh), split + [jnp.arange(layout.n_devices)])
             total = jax.tree_util.tree_map(lambda x: jnp.sum(x, axis=0), parts)
             return jax.lax.with_sharding_constraint(divide(total, layout.n), replicated(self.mesh))
 

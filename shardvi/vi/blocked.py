@@ -13,8 +13,8 @@ engine needs on the latent space is a sum over blocks of per-block terms,
 
 computed by :func:`~shardvi.parallel.blocks.block_sum`: per block, in block
 order, on one device as on many. A strategy with ``model_shards = k``
-(``ShardMap(model_shards=k)``) places the blocks split over its model mesh
-axis, so a device holds and evaluates ``B / k`` blocks of data, noise and
+(``ShardMap`` or ``JitSharding(model_shards=k)``) places the blocks split over
+its model mesh axis, so a device holds and evaluates ``B / k`` blocks of data, noise and
 inputs and never another device's, and results are bitwise those of one
 device for every ``k`` dividing ``B``.
 
@@ -41,18 +41,20 @@ from .likelihood import AmendedLikelihood, Likelihood, _check_model_matches_data
 __all__ = ["BlockedLikelihood", "assemble_process_blocks"]
 
 
-def _block_leaf(x, n: int, n_blocks: int, what: str):
-    """``(n, ...) -> (n_blocks, n / n_blocks, ...)``; a scalar is repeated per block."""
+def _data_leaf(x, n: int, what: str):
+    """``x`` unchanged if per datum (leading axis of length ``n``) or a scalar, else ``ValueError``.
+
+    The arrays keep their data axis (no copy): the block view ``(B, N / B, ...)`` is
+    taken inside the traced programs (:meth:`BlockedLikelihood._local_blocks`), where
+    it is a free reshape of the device's own part.
+    """
     shape = np.shape(x)
-    xp = jnp if isinstance(x, jax.Array) else np
-    if len(shape) == 0:
-        return xp.broadcast_to(xp.asarray(x), (n_blocks,))
-    if shape[0] != n:
+    if len(shape) and shape[0] != n:
         raise ValueError(
             f"{what} has an array of shape {shape}, neither per datum (leading axis of length {n}, the "
             f"data's) nor a scalar: it cannot be cut into data blocks"
         )
-    return xp.reshape(x, (n_blocks, n // n_blocks) + tuple(shape[1:]))
+    return x
 
 
 def _divisors(n: int) -> list:
@@ -81,9 +83,11 @@ class BlockedLikelihood(Likelihood):
     ----------
     blocks : dict
         ``{"likelihood", "inputs", "index"}``: the likelihood's arrays and the
-        model's inputs with a leading block axis ``(B, N / B, ...)``, and the
-        block indices ``0..B-1``; the pytree leaves a model-sharded strategy
-        splits over its model axis.
+        model's inputs (per datum, leading axis ``N``, or scalars), and the
+        block indices ``0..B-1``; a model-sharded strategy splits the leading
+        axis of every non-scalar leaf over its model axis (``B / k`` whole
+        blocks per device). They are held as given (no copy); the block view
+        ``(B, N / B, ...)`` is a reshape inside the programs.
     model : shardvi.Model
         The model without its ``data_inputs`` (replicated: the field's arrays).
     n_blocks, block_size, n_data : int
@@ -123,11 +127,10 @@ class BlockedLikelihood(Likelihood):
             )
         _check_model_matches_data(model, likelihood)
         size = n // data_blocks
-        inputs = jtu.tree_map(lambda x: _block_leaf(x, n, data_blocks, "data_inputs"), model.data_inputs)
-        leaves, treedef = jtu.tree_flatten(likelihood)
-        blocked = treedef.unflatten([_block_leaf(x, n, data_blocks, type(likelihood).__name__) for x in leaves])
+        inputs = jtu.tree_map(lambda x: _data_leaf(x, n, "data_inputs"), model.data_inputs)
+        blocked = jtu.tree_map(lambda x: _data_leaf(x, n, type(likelihood).__name__), likelihood)
         core = model._replaced(data_inputs=None)
-        block_in = jtu.tree_map(lambda x: jax.ShapeDtypeStruct((size,) + np.shape(x)[2:], x.dtype), inputs)
+        block_in = jtu.tree_map(lambda x: jax.ShapeDtypeStruct((size,) + np.shape(x)[1:], x.dtype), inputs)
         try:
             block_out = jax.eval_shape(model.call, model.domain, block_in)
         except Exception as err:  # the user's forward model on one block: say which call failed
@@ -175,8 +178,21 @@ class BlockedLikelihood(Likelihood):
         """``x_b = T_b(s_b(xi))``: block ``b``'s transformation."""
         return blk["likelihood"].transformation(self._signal(blk, xi))
 
+    def _local_blocks(self):
+        """The blocks this device holds with a leading block axis: ``(b, N_local / b, ...)``; scalars ``(b,)``."""
+        index = self.blocks["index"]
+        n_local = index.shape[0]
+
+        def view(x):
+            if np.ndim(x) == 0:
+                return jnp.broadcast_to(x, (n_local,))
+            return jnp.reshape(x, (n_local, self.block_size) + tuple(np.shape(x)[1:]))
+
+        rest = {k: v for k, v in self.blocks.items() if k != "index"}
+        return jtu.tree_map(view, rest) | {"index": index}
+
     def _sum(self, fn, *broadcast):
-        return block_sum(fn, self.blocks, *broadcast)
+        return block_sum(fn, self._local_blocks(), *broadcast)
 
     # -- the operators -------------------------------------------------------------------------
     def energy(self, xi):
@@ -347,18 +363,24 @@ def assemble_process_blocks(local: BlockedLikelihood, strategy) -> BlockedLikeli
     if local.n_blocks * k % n_cols:
         raise ValueError(f"local holds {local.n_blocks} blocks for {n_cols} of {k} model shards: not a whole share")
     first = cols[0] * n_blocks // k
-    sharding = NamedSharding(mesh, P(MODEL_AXIS))
+    n = n_blocks * local.block_size
+    split, whole_copy = NamedSharding(mesh, P(MODEL_AXIS)), NamedSharding(mesh, P())
+    local_devices = [d for d in grid.flat if d.process_index == me]
 
-    def glob(x, index=False):
-        x = np.asarray(x) + (first if index else 0)
-        return jax.make_array_from_process_local_data(sharding, x, (n_blocks,) + x.shape[1:])
+    def glob(x, length):
+        """The global array of which ``x`` is this process's part (a scalar: replicated)."""
+        if np.ndim(x) == 0:
+            return jax.make_array_from_process_local_data(whole_copy, np.asarray(x), ())
+        shape = (length,) + tuple(np.shape(x)[1:])
+        if len(local_devices) == 1 and isinstance(x, jax.Array) and x.devices() == {local_devices[0]}:
+            return jax.make_array_from_single_device_arrays(shape, split, [x])  # the local buffer itself: no copy
+        return jax.make_array_from_process_local_data(split, np.asarray(x), shape)
 
     blocks = {
-        "likelihood": jtu.tree_map(glob, local.blocks["likelihood"]),
-        "inputs": jtu.tree_map(glob, local.blocks["inputs"]),
-        "index": glob(local.blocks["index"], index=True),
+        "likelihood": jtu.tree_map(lambda x: glob(x, n), local.blocks["likelihood"]),
+        "inputs": jtu.tree_map(lambda x: glob(x, n), local.blocks["inputs"]),
+        "index": glob(np.asarray(local.blocks["index"]) + first, n_blocks),
     }
-    n = n_blocks * local.block_size
 
     def whole(d):
         return jax.ShapeDtypeStruct((n,) + tuple(d.shape)[1:], d.dtype)
