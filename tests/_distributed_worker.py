@@ -33,12 +33,12 @@ def main(port: int, process_id: int, out: str, strategy: str) -> None:
     if process_id == 0:
         np.savez(out, *arrays)
     if strategy == "shard_map":  # model parallelism: the data blocks split over the two processes
-        from _model_parallel_problem import masked_local_blocks, masked_problem, run_layout
+        from _model_parallel_problem import masked_local_blocks, masked_problem, run_layout, start_position
 
         from shardvi.vi.blocked import assemble_process_blocks
 
         model, _, _ = masked_problem()
-        pos = jax.tree.map(lambda v: 0.1 * v, model.init(jax.random.PRNGKey(5)))
+        pos = start_position(model)  # the start of the one-device reference (one_device_run)
         d = jax.devices()  # process-major: rows (p0, p1) put the model axis across the processes
         mp = sv.parallel.ShardMap(devices=[d[0], d[2], d[1], d[3]], model_shards=2)
         # each process loads only its 2 of the 4 data blocks (column p of the mesh) and joins the others'
