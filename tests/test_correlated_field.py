@@ -377,37 +377,6 @@ def test_differentiable_and_jittable():
     np.testing.assert_allclose(ad, fd, rtol=1e-6)
 
 
-@pytest.mark.slow
-def test_mgvi_reconstruction_1d():
-    cf = CorrelatedFieldMaker("cf")
-    cf.set_amplitude_total_offset(0.0, (1.0, 0.5))
-    cf.add_fluctuations(
-        64, 1.0 / 64, fluctuations=(1.0, 0.5), loglogavgslope=(-2.0, 0.5), flexibility=(0.5, 0.2), prefix="x"
-    )
-    model = cf.finalize()
-    truth = model(init(model, jax.random.PRNGKey(21)))
-    noise = 0.1
-    data = truth + noise * jax.random.normal(jax.random.PRNGKey(22), truth.shape)
-    lh = sv.Gaussian(data, noise_std=noise).amend(model)
-    pos = jax.tree.map(jnp.zeros_like, init(model, jax.random.PRNGKey(0)))
-    chi2_start = float(jnp.mean(((data - model(pos)) / noise) ** 2))
-    samples, state = sv.optimize_kl(
-        lh,
-        pos,
-        key=jax.random.PRNGKey(23),
-        n_total_iterations=4,
-        n_samples=2,
-        sample_mode="linear_sample",
-        linear_sampling=sv.CGConfig(tol=1e-5, maxiter=100),
-        kl_minimization=sv.NewtonCGConfig(xtol=1e-5, maxiter=15),
-    )
-    chi2 = [r.chi2_likelihood for r in state.history]
-    assert chi2_start > 20 and all(np.isfinite(chi2))
-    assert chi2[-1] < 2.0 and chi2[-1] < chi2[0] < chi2_start, chi2
-    mean, std = samples.mean_and_std(model)
-    assert float(jnp.sqrt(jnp.mean((mean - truth) ** 2))) < 2 * noise
-
-
 # ----------------------------------------------------------------------------- validation
 def test_bad_parameters():
     cf = CorrelatedFieldMaker("cf")

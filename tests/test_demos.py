@@ -59,6 +59,7 @@ def number(pattern, text):
     return float(m.group(1))
 
 
+@pytest.mark.product_compiler  # bound by its run time, which level 0 makes ~1.3x longer (tests/conftest.py)
 @pytest.mark.slow
 def test_flagship_meets_chi2_and_coverage(tmp_path, capsys):
     demo = load("correlated_field_2d")
@@ -123,6 +124,7 @@ def test_radio_imaging(tmp_path, capsys):
     assert_pngs(tmp_path, ["reconstruction.png", "samples.png", "uv_coverage.png", "convergence.png"])
 
 
+@pytest.mark.product_compiler  # two different programs, bitwise (tests/conftest.py)
 @pytest.mark.slow
 def test_multi_device_comparison_is_bitwise(tmp_path, capsys):
     demo = load("multi_device_comparison")

@@ -12,6 +12,8 @@ from _parallel_problem import final_arrays, reference_steps
 
 import shardvi as sv
 
+pytestmark = pytest.mark.product_compiler  # bitwise: two processes against one (tests/conftest.py)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TIMEOUT = 180  # seconds for both processes together
 
@@ -29,7 +31,8 @@ def _run_two_processes(strategy, out):
         JAX_PLATFORMS="cpu",
         PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE, os.environ.get("PYTHONPATH", "")]),
     )
-    env["XLA_FLAGS"] = "--xla_backend_optimization_level=1"  # one device per process; LLVM level as conftest
+    # XLA_FLAGS as this process's (tests/conftest.py's LLVM level): the problem's data come from eager ops, which
+    # must round as they do here for the results to be bitwise those of the in-process reference
     procs = [
         subprocess.Popen(
             [sys.executable, os.path.join(HERE, "_distributed_worker.py"), str(port), str(i), out, strategy],

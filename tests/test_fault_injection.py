@@ -26,7 +26,7 @@ N_ITER = 8  # as in _fault_worker.py
 
 def start(ckpt, out, cache):
     env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_")}
-    env["XLA_FLAGS"] = "--xla_backend_optimization_level=1"  # as conftest: eager ops compile in a fraction
+    env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "")  # tests/conftest.py's LLVM level for the eager ops
     return subprocess.Popen(
         [sys.executable, WORKER, ckpt, out, cache], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )

@@ -9,6 +9,8 @@ import pytest
 
 from shardvi.__main__ import main
 
+pytestmark = pytest.mark.product_compiler  # the compare command: bitwise across device counts (tests/conftest.py)
+
 
 @pytest.mark.slow
 def test_compare_prints_zero_differences_in_reproducible_mode(capsys):

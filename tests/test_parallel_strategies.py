@@ -17,6 +17,8 @@ from shardvi.parallel import JitSharding, LaxMap, Pmap, ShardMap, Vmap
 from shardvi.parallel.reproducible import reproducible_jit
 from shardvi.vi.kl import kl_value_and_grad
 
+pytestmark = pytest.mark.product_compiler  # bitwise across strategies and device counts (tests/conftest.py)
+
 MULTI = (ShardMap, Pmap, JitSharding)
 
 

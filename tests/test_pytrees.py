@@ -166,6 +166,7 @@ def test_no_engine_step_embeds_the_data_as_a_constant():
     assert n_args >= len(jtu.tree_leaves(lh)) + len(jtu.tree_leaves(pos))
 
 
+@pytest.mark.product_compiler  # two different programs, bitwise (tests/conftest.py)
 @pytest.mark.slow
 def test_engine_results_do_not_depend_on_the_data_being_arguments():
     """A likelihood whose data a closure captures (constants) gives the same samples as the pytree one."""

@@ -19,6 +19,8 @@ from shardvi.__main__ import main
 from shardvi.parallel import Strategy, Vmap, chunked_apply, get_strategy, register_strategy, strategy_names
 from shardvi.parallel import strategy as strategy_module
 
+pytestmark = pytest.mark.product_compiler  # a new strategy bitwise equal to Vmap (tests/conftest.py)
+
 N = 4
 
 
