@@ -19,8 +19,9 @@ level is tested for: every test that compares the bits of two different
 programs carries the marker (a module: ``pytestmark``), and so does a test
 bound by its run time (the flagship demo; level-0 code runs ~1.3x slower).
 Same-program comparisons (resume, compilation cache, compiling ahead) hold at
-any level. Measured on the idle 2-core machine: the suite in 7:51 (user
-14:49) with these levels, 8:37 (user 16:21) with level 1 for every program.
+any level. Measured on the idle 2-core machine: the suite in 7:43-8:29 with
+these levels (user 14:35-16:00 for the same work: the machine's speed drifts
+by ~10 % within an hour), 8:37-9:08 with level 1 for every program.
 """
 
 import os

@@ -64,7 +64,7 @@ def number(pattern, text):
 def test_flagship_meets_chi2_and_coverage(tmp_path, capsys):
     demo = load("correlated_field_2d")
     status = demo.main(
-        ["--npix", "48", "--n-samples", "8", "--iterations", "6", "--seed", "0", "--quiet", "--output", str(tmp_path)]
+        ["--npix", "48", "--n-samples", "6", "--iterations", "6", "--seed", "0", "--quiet", "--output", str(tmp_path)]
     )
     out, err = capsys.readouterr()
     assert status == 0, out

@@ -3,6 +3,7 @@
 import logging
 import re
 import threading
+import time
 
 import jax
 import numpy as np
@@ -229,6 +230,10 @@ def test_precompiler_pipelines_lowering_and_compiling():
     assert lowered_b.wait(5)
     assert compiling_a.wait(5)  # a is in the compile thread (not merely lowered: the caller would compile it)
     pc.claim("a")  # being compiled: waited for
+    # b's thunk set lowered_b before it returned: the lowering thread may not have recorded it as lowered yet
+    deadline = time.monotonic() + 5
+    while pc._jobs["b"].state == "lowering" and time.monotonic() < deadline:
+        time.sleep(0.001)
     assert pc.ready("b") or pc._jobs["b"].state in ("to-compile", "compiling")
     pc.join()
     assert pc.ready("b")
