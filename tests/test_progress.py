@@ -216,8 +216,10 @@ def test_progress_hooks_add_no_compilation_and_change_no_bit(lh):
     ],
 )
 def test_bad_progress_is_rejected_before_running(lh, value, err, match):
+    pos, key = jnp.zeros(N), jax.random.PRNGKey(0)  # made (and compiled, on jax 0.11) outside the count
+    kw = {**dict(n_samples=1, sample_mode="linear_resample"), **FAST}
     with CompileCounter() as cc, pytest.raises(err, match=match):
-        run(lh, progress=value)
+        sv.optimize_kl(lh, pos, key=key, n_total_iterations=2, progress=value, **kw)
     assert cc.count == 0
 
 

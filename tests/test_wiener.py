@@ -1,5 +1,7 @@
 """Wiener-filter oracle: linear Gaussian model, closed-form posterior."""
 
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -184,3 +186,42 @@ def test_compiler_options_reach_the_engine_steps(problem, monkeypatch):
     assert np.max(np.abs(np.asarray(fused.pos) - post_mean)) <= 1e-8
     # other emitters, other rounding: the same samples to solver precision
     np.testing.assert_allclose(np.asarray(fused.residuals), np.asarray(classic.residuals), rtol=0, atol=1e-9)
+
+
+def test_default_options_unknown_to_this_xla_are_left_out(problem, monkeypatch):
+    """A default engine option the running XLA does not know (jax 0.11's XLA lacks
+    ``xla_cpu_use_fusion_emitters``) is dropped, not passed on to fail every compile; one the user
+    names is still rejected with a clear error."""
+    from shardvi.parallel import reproducible
+
+    bogus = "xla_shardvi_test_no_such_option"
+    monkeypatch.setattr(
+        reproducible,
+        "REPRODUCIBLE_COMPILER_OPTIONS",
+        types.MappingProxyType({**reproducible.REPRODUCIBLE_COMPILER_OPTIONS, bogus: True}),
+    )
+    assert not reproducible.option_supported(bogus, True, "cpu")
+    assert reproducible.option_supported("xla_disable_hlo_passes", "cse", "cpu")
+    opts = reproducible.engine_compiler_options(platform="cpu")
+    assert bogus not in opts and opts["xla_disable_hlo_passes"] == "cse"
+    lh, post_mean, _ = problem
+    samples, _ = sv.optimize_kl(
+        lh,
+        jnp.zeros(N_LAT),
+        key=jax.random.PRNGKey(3),
+        n_total_iterations=1,
+        n_samples=1,
+        sample_mode="linear_resample",
+        linear_sampling=sv.CGConfig(tol=1e-13, maxiter=200),
+        kl_minimization=TIGHT_KL,
+    )
+    assert np.max(np.abs(np.asarray(samples.pos) - post_mean)) <= 1e-8
+    with pytest.raises(ValueError, match="compiler_options rejected by XLA"):
+        sv.optimize_kl(
+            lh,
+            jnp.zeros(N_LAT),
+            key=jax.random.PRNGKey(3),
+            n_total_iterations=1,
+            n_samples=1,
+            compiler_options={bogus: True},
+        )

@@ -81,6 +81,7 @@ __all__ = [
     "check_compiler_options",
     "check_jax_version",
     "engine_compiler_options",
+    "option_supported",
     "opaque_constants",
     "opaque_per_sample",
     "reproducible_jit",
@@ -125,7 +126,9 @@ def check_jax_version(version: str | None = None) -> bool:
 #: CSE off (bitwise reproducibility, see the module docstring) and XLA:CPU's classic loop emitters instead of
 #: its MLIR fusion emitters, which need far more memory to compile these programs (128^2 correlated field,
 #: 5 iterations: 524 vs 926 MiB peak resident memory) for ~10 % faster iterations (``BENCHMARKS.md``).
-#: The ``xla_cpu_`` option has no effect on other platforms.
+#: The ``xla_cpu_`` option has no effect on other platforms. An option the running XLA does not know (jax 0.11's
+#: XLA has no ``xla_cpu_use_fusion_emitters``) is left out of the engine's options, see
+#: :func:`engine_compiler_options`.
 REPRODUCIBLE_COMPILER_OPTIONS = types.MappingProxyType(
     {"xla_disable_hlo_passes": "cse", "xla_cpu_use_fusion_emitters": False}
 )
@@ -139,13 +142,33 @@ REPRODUCIBLE_COMPILER_OPTIONS = types.MappingProxyType(
 CPU_COMPILER_OPTIONS = types.MappingProxyType({"xla_backend_optimization_level": 1})
 
 
+@functools.cache
+def option_supported(name: str, value, platform: str) -> bool:
+    """Whether the running XLA accepts the compile option ``name=value`` for ``platform`` (cached per process).
+
+    XLA rejects an option that is not a field of its ``DebugOptions`` ("No such compile option"), and those
+    fields change between XLA versions (jax 0.11's XLA has no ``xla_cpu_use_fusion_emitters``). Checked by
+    compiling a one-line program on the platform's first device.
+    """
+    x = jax.device_put(np.float32(0), jax.devices(platform)[0])
+    try:
+        jax.jit(lambda v: v + 1, compiler_options={name: value}).lower(x).compile()
+    except Exception:  # noqa: BLE001 -- XLA's INVALID_ARGUMENT (jax.errors.JaxRuntimeError)
+        return False
+    return True
+
+
 def engine_compiler_options(extra=None, platform: str | None = None) -> dict:
-    """The XLA options of the engine steps: :data:`REPRODUCIBLE_COMPILER_OPTIONS`, on ``platform`` ``"cpu"``
-    (default: ``jax.default_backend()``) :data:`CPU_COMPILER_OPTIONS`, and ``extra`` (a mapping, or ``None``)
-    merged over them."""
+    """The XLA options of the engine steps on ``platform`` (default: ``jax.default_backend()``).
+
+    :data:`REPRODUCIBLE_COMPILER_OPTIONS`, on ``"cpu"`` also :data:`CPU_COMPILER_OPTIONS`, less any of these
+    defaults the running XLA does not know for ``platform`` (:func:`option_supported`), and ``extra`` (a
+    mapping, or ``None``; validated by :func:`check_compiler_options`, never dropped) merged over them.
+    """
     platform = jax.default_backend() if platform is None else platform
     cpu = CPU_COMPILER_OPTIONS if platform == "cpu" else {}
-    return {**REPRODUCIBLE_COMPILER_OPTIONS, **cpu, **(extra or {})}
+    defaults = {k: v for k, v in {**REPRODUCIBLE_COMPILER_OPTIONS, **cpu}.items() if option_supported(k, v, platform)}
+    return {**defaults, **(extra or {})}
 
 
 def check_compiler_options(options, argname: str = "compiler_options") -> dict:
