@@ -95,7 +95,8 @@ Engine configurations:
   foldable) — the cost of the reproducibility measures; ``shard_map-2cpu``:
   ``ShardMap`` over 2 forced CPU devices (``jax_num_cpu_devices=2``, one per
   core of the development machine), chunk 1 — bitwise the same results as
-  ``vmap``; ``+fusion``: the engine steps compiled with XLA:CPU's default
+  ``vmap``; ``jit-2cpu``: ``JitSharding`` on the same 2 devices (GSPMD);
+  ``+fusion``: the engine steps compiled with XLA:CPU's default
   MLIR fusion emitters (``compiler_options={"xla_cpu_use_fusion_emitters":
   True}``) instead of shardvi's default, the classic loop emitters;
   ``+serial``: ``precompile=False`` (every step compiles at its first call,
@@ -151,6 +152,7 @@ SHARDVI_CONFIGS = (
     "shard_map-2cpu+cache",
     "vmap+serial",
     "shard_map-2cpu+serial",
+    "jit-2cpu",
 )
 NIFTY_BASE_CONFIGS = ("default", "jit-lmap", "jit-vmap", "jit-smap", "jit-pmap-2cpu")
 #: every NIFTy.re configuration also as ``<config>+classic``: XLA:CPU's classic emitters for all its programs
@@ -190,12 +192,14 @@ def child_shardvi(args, problem, clock):
         # (``import shardvi.vi.optimize_kl as okl`` binds the function)
         okl = importlib.import_module("shardvi.vi.optimize_kl")
         assert okl.reproducible_jit is not None and hasattr(okl, "OptimizeVI")
-        okl.reproducible_jit = lambda fn, **kw: jax.jit(fn, **kw)
+        okl.reproducible_jit = lambda fn, platform=None, **kw: jax.jit(fn, **kw)
     # "+fusion": XLA:CPU's default (MLIR fusion) emitters for the engine steps
     options = {"xla_cpu_use_fusion_emitters": True} if args.config.endswith("+fusion") else None
     base = args.config.split("+")[0]
     if base == "shard_map-2cpu":  # samples spread over 2 forced CPU devices (one per core), chunk 1
         strategy = sv.parallel.ShardMap(devices=jax.devices()[:2])
+    elif base == "jit-2cpu":  # the same with GSPMD (jax.jit in/out shardings)
+        strategy = sv.parallel.JitSharding(devices=jax.devices()[:2])
     else:
         strategy = sv.parallel.Vmap() if base == "vmap" else sv.parallel.Vmap(chunk_size=None)
     s = _solver_settings(args, problem.n_latent)

@@ -69,7 +69,7 @@ class _PlainJit:
         okl = importlib.import_module("shardvi.vi.optimize_kl")
         assert hasattr(okl, "OptimizeVI") and okl.reproducible_jit is not None
         self._mod, self._saved = okl, okl.reproducible_jit
-        okl.reproducible_jit = lambda fn, **kw: jax.jit(fn, **kw)
+        okl.reproducible_jit = lambda fn, platform=None, **kw: jax.jit(fn, **kw)
 
     def __exit__(self, *exc):
         self._mod.reproducible_jit = self._saved

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import shardvi as sv
+from shardvi.parallel.fft import PARTITIONED_PRIMITIVES
 
 A, SIGMA, DATA = 2.0, 1.0, 1.0  # s = exp(A xi), d ~ N(s, SIGMA^2), xi ~ N(0, 1)
 
@@ -81,7 +82,7 @@ def _fft_count(jaxpr):
     """FFTs in ``jaxpr`` outside nested while loops."""
     n = 0
     for e in jaxpr.eqns:
-        if e.primitive.name == "fft":
+        if e.primitive.name in ("fft", *PARTITIONED_PRIMITIVES):  # jnp.fft's, or shardvi's partitioned one
             n += 1
         elif e.primitive.name != "while":
             n += sum(_fft_count(sub) for sub in _subjaxprs(e))

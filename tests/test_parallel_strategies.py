@@ -311,6 +311,28 @@ def test_sampling_cg_loop_has_no_collectives_under_shard_map_and_pmap():
     assert found["jit"].loop_counts["all-reduce"] >= 1, str(found["jit"])
 
 
+def test_jit_strategy_keeps_correlated_field_ffts_split_over_the_samples():
+    """shardvi's FFT has a partitioning rule: under ``JitSharding`` each device transforms its own samples
+    (no all-gather of the batch before the FFT, none inside the CG loop, no warning). A plain ``jnp.fft``
+    is gathered (``tests/test_slab.py``)."""
+    n = 8
+    cfm = sv.CorrelatedFieldMaker("cf")
+    cfm.set_amplitude_total_offset(0.0, (0.5, 0.1))
+    cfm.add_fluctuations((n, n), (1 / n, 1 / n), (1.0, 0.3), (-3.0, 0.5), (0.5, 0.2), None, prefix="ax")
+    cf = cfm.finalize()
+    model = sv.Model(lambda xi: jnp.exp(cf(xi)), cf.domain)
+    lh = sv.Gaussian(jnp.ones((n, n)), noise_std=0.1).amend(model)
+    pos = jax.tree.map(lambda x: 0.1 * x, model.init(jax.random.PRNGKey(2)))
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    strat = JitSharding(devices=jax.devices()[:4])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # JitSharding warns about FFTs it cannot split
+        opt = sv.OptimizeVI(lh, 1, n_samples=2, sample_map=strat, kl_map=strat)
+        found = sv.parallel.collectives(opt._draw_linear, pos, keys, config=sv.CGConfig(tol=1e-8, maxiter=5))
+    assert found.loop_counts["all-gather"] == 0, str(found)
+    assert found.loop_counts["all-reduce"] >= 1, str(found)  # the lockstep loop condition: the loop was seen
+
+
 def test_jit_strategy_warns_about_ops_gspmd_replicates():
     """GSPMD all-gathers FFTs (and custom calls) instead of splitting the batch: JitSharding says so."""
     x = jnp.ones((4, 16))

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..module import Module
+from ..parallel.slab import mapped_axis_size, slab_hartley
 
 __all__ = ["RegularGrid", "hartley", "harmonic_to_position", "position_to_harmonic", "power_analyze"]
 
@@ -149,42 +150,47 @@ def _axes(x, axes):
     return tuple(int(a) % jnp.ndim(x) for a in axes)
 
 
-def hartley(x, axes: Sequence[int] | None = None):
+def hartley(x, axes: Sequence[int] | None = None, *, axis_name: str | None = None):
     """Unnormalized Hartley transform ``Re(FFT x) + Im(FFT x)`` over ``axes`` (all by default).
 
     Real in, real out; ``hartley(hartley(x)) == N x`` with ``N`` the number of
-    transformed pixels.
+    transformed pixels. ``axis_name``: inside a
+    ``jax.shard_map`` whose mesh axis of that name splits ``axes[0]`` into slabs,
+    ``x`` is the local slab and the transform is the distributed one
+    (:func:`shardvi.parallel.slab.slab_hartley`), bitwise the one-device result.
     """
-    x = jnp.asarray(x)
-    if jnp.iscomplexobj(x):
-        raise TypeError("hartley expects a real array")
-    y = jnp.fft.fftn(x, axes=_axes(x, axes))
-    return (y.real + y.imag).astype(x.dtype)
+    return slab_hartley(x, axes, axis_name=axis_name)
 
 
-def _grid_axes(x, grid: RegularGrid, axes):
+def _grid_axes(x, grid: RegularGrid, axes, axis_name=None):
     ax = _axes(x, axes) if axes is not None else tuple(range(jnp.ndim(x) - grid.ndim, jnp.ndim(x)))
-    if len(ax) != grid.ndim or tuple(jnp.shape(x)[a] for a in ax) != grid.shape:
+    shape = tuple(jnp.shape(x)[a] for a in ax)
+    if axis_name is not None and len(ax) == grid.ndim:  # a slab: the first grid axis is split over the devices
+        shape = (shape[0] * mapped_axis_size(axis_name),) + shape[1:]
+    if len(ax) != grid.ndim or shape != grid.shape:
         raise ValueError(f"array of shape {jnp.shape(x)} does not match grid shape {grid.shape} on axes {ax}")
     return ax
 
 
-def position_to_harmonic(s, grid: RegularGrid, axes: Sequence[int] | None = None):
+def position_to_harmonic(s, grid: RegularGrid, axes: Sequence[int] | None = None, *, axis_name: str | None = None):
     """``S = prod(dx) * H s``: the Hartley-space field with volume factors.
 
     Parameters
     ----------
     s : array
         Field with ``grid.shape`` on ``axes`` (default: the trailing ``grid.ndim`` axes).
+    axis_name : str, optional
+        Mesh axis that splits the first grid axis into slabs (inside ``jax.shard_map``;
+        ``s`` is then the local slab), see :func:`hartley`.
     """
-    ax = _grid_axes(s, grid, axes)
-    return math.prod(grid.distances) * hartley(s, ax)
+    ax = _grid_axes(s, grid, axes, axis_name)
+    return math.prod(grid.distances) * hartley(s, ax, axis_name=axis_name)
 
 
-def harmonic_to_position(S, grid: RegularGrid, axes: Sequence[int] | None = None):
-    """``s = prod(dk) * H S``, the inverse of :func:`position_to_harmonic`."""
-    ax = _grid_axes(S, grid, axes)
-    return math.prod(grid.harmonic_distances) * hartley(S, ax)
+def harmonic_to_position(S, grid: RegularGrid, axes: Sequence[int] | None = None, *, axis_name: str | None = None):
+    """``s = prod(dk) * H S``, the inverse of :func:`position_to_harmonic` (``axis_name``: the same)."""
+    ax = _grid_axes(S, grid, axes, axis_name)
+    return math.prod(grid.harmonic_distances) * hartley(S, ax, axis_name=axis_name)
 
 
 def power_analyze(s, grid: RegularGrid, axes: Sequence[int] | None = None):

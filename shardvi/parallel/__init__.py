@@ -12,7 +12,8 @@ In the default reproducible mode every strategy gives bitwise identical
 results for any device count (the contract is in :class:`Strategy`'s
 docstring; see also :mod:`shardvi.parallel.reproducible`). Also:
 :func:`collectives` (count all-reduce / all-gather ops in compiled HLO) and
-:func:`initialize_distributed` (multi-process runs).
+:func:`initialize_distributed` (multi-process runs), and :func:`slab_fftn` /
+:func:`slab_hartley` (FFTs of a grid split into slabs over a mesh axis).
 """
 
 from .collectives import CollectiveCounts, collectives, count_collectives
@@ -30,6 +31,7 @@ from .reproducible import (
     reproducible_jit,
 )
 from .shard_map import ShardMap
+from .slab import slab_fftn, slab_hartley
 from .strategy import (
     REDUCE_MODES,
     Placed,
@@ -81,6 +83,8 @@ __all__ = [
     "reproducible_jit",
     "sample_mesh",
     "sharded",
+    "slab_fftn",
+    "slab_hartley",
     "shutdown_distributed",
     "strategy_class",
     "strategy_names",

@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from ._base import MultiDevice, divide, masked_local_sum, reshape_from_devices, reshape_to_devices
 from .blocks import MODEL_AXIS, model_axis, model_specs
+from .fft import PARTITIONED_PRIMITIVES
 from .mesh import SAMPLE_AXIS, replicated, sharded
 from .strategy import check_in_axes, chunked_apply, register_strategy
 
@@ -34,7 +35,7 @@ def unpartitionable_primitives(jaxpr) -> set:
     def visit(j):
         for eqn in j.eqns:
             name = eqn.primitive.name
-            if any(tag in name for tag in _UNPARTITIONED):
+            if any(tag in name for tag in _UNPARTITIONED) and name not in PARTITIONED_PRIMITIVES:
                 found.add(name)
             for v in eqn.params.values():
                 for sub in v if isinstance(v, (tuple, list)) else (v,):
@@ -61,13 +62,17 @@ class JitSharding(MultiDevice):
     all-reduce and every device iterates until the slowest sample anywhere
     has converged (finished samples are frozen, so results are unchanged).
     :class:`~shardvi.parallel.ShardMap` and :class:`~shardvi.parallel.Pmap`
-    let each device stop on its own. GSPMD also cannot split opaque custom
-    calls (e.g. jax-finufft's NUFFT) nor, in this XLA version, FFTs: it
-    all-gathers the batch and runs all samples on every device — slow, and
-    the FFT then sees another batch size than on one device, so results can
-    differ in the last bits (mapping such a function warns). Use
+    let each device stop on its own. GSPMD cannot split opaque custom calls
+    (e.g. jax-finufft's NUFFT) nor, in this XLA version, a plain
+    ``jnp.fft`` FFT: it all-gathers the batch and runs all samples on every
+    device — slow, and the FFT then sees another batch size than on one
+    device, so results can differ in the last bits (mapping such a function
+    warns). shardvi's own FFT (:func:`shardvi.parallel.fft.fftn`, used by
+    :func:`shardvi.models.harmonic.hartley` and the correlated field) carries a partitioning
+    rule and stays split over the samples: correlated-field models run
+    sample-parallel, bitwise as on one device. Use
     :class:`~shardvi.parallel.ShardMap` or :class:`~shardvi.parallel.Pmap`
-    for such models.
+    for models with other custom calls.
 
     Parameters
     ----------

@@ -1,0 +1,125 @@
+"""An N-D FFT that XLA's SPMD partitioner splits along its batch axes.
+
+XLA's partitioner has no rule for the FFT op: in a program partitioned by
+``jax.jit`` with shardings (the ``jit`` strategy, :class:`JitSharding`) it
+gathers a batch of fields that is split over the devices and runs the whole
+batch on every device. :func:`fftn` is ``jnp.fft.fftn`` with a partitioning
+rule (``jax.experimental.custom_partitioning``): an input split along axes
+that are not transformed stays split and each device transforms its own
+part; transformed axes are gathered (the rule asks for them whole). The
+lines a device transforms get the bits they get on one device (a batched 1-D
+FFT on XLA:CPU transforms each line on its own), so sample-parallel FFTs
+under ``jit`` give the one-device results bitwise.
+
+Outside a partitioned program (one device, or inside ``jax.shard_map``, where
+every mesh axis is manual) it lowers to the plain FFT. It is linear with a
+JVP, a transpose (the DFT matrix is symmetric: the transpose is the same
+FFT) and a batching rule, so ``grad``, ``jvp``, ``linear_transpose`` and
+``vmap`` work as for ``jnp.fft.fftn``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any, cast
+
+import jax.numpy as jnp
+from jax.interpreters import ad, batching, mlir
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+try:  # jax internals: the primitive needs the devices while lowering (like jax's own cuDNN attention)
+    from jax._src import dispatch as _dispatch
+    from jax.experimental.custom_partitioning import custom_partitioning
+    from jax.extend.core import Primitive
+except ImportError:  # pragma: no cover - depends on the jax version
+    # typed Any: used only after the `Primitive is not None` checks below
+    _dispatch = custom_partitioning = Primitive = cast(Any, None)
+
+__all__ = ["fftn", "PARTITIONED_PRIMITIVES"]
+
+
+def _split_free_sharding(sharding, shape, axes, mesh):
+    """``sharding`` if it leaves the transformed ``axes`` whole, else one that does (same batch split if named)."""
+    local = sharding.shard_shape(shape)
+    if all(local[a] == shape[a] for a in axes):
+        return sharding
+    if isinstance(sharding, NamedSharding):
+        spec = tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec))
+        return NamedSharding(sharding.mesh, P(*(None if i in axes else s for i, s in enumerate(spec))))
+    return NamedSharding(mesh, P())  # an unnamed split of a transformed axis: gather it all (correct, slow)
+
+
+@functools.cache
+def _partitioned(axes: tuple, ndim: int):
+    """``fftn`` over ``axes`` of an ``ndim``-D array as a ``custom_partitioning`` function."""
+
+    def fft(x):
+        return jnp.fft.fftn(x, axes=axes)
+
+    cp = custom_partitioning(fft)
+
+    def infer(mesh, arg_shapes, result_shape):
+        a = arg_shapes[0]
+        return _split_free_sharding(a.sharding, a.shape, axes, mesh)
+
+    def partition(mesh, arg_shapes, result_shape):
+        a = arg_shapes[0]
+        s = _split_free_sharding(a.sharding, a.shape, axes, mesh)
+        return mesh, fft, s, (s,)
+
+    factors = " ".join(f"d{i}" for i in range(ndim))
+    cp.def_partition(
+        infer_sharding_from_operands=infer,
+        partition=partition,
+        sharding_rule=f"{factors} -> {factors}",
+        need_replication_factors=tuple(f"d{a}" for a in axes),
+    )
+    return cp
+
+
+if Primitive is not None:
+    _fft_p = Primitive("shardvi_partitioned_fft")
+    _fft_p.def_impl(lambda x, *, axes: jnp.fft.fftn(x, axes=axes))
+    _fft_p.def_abstract_eval(lambda x, *, axes: x)
+    mlir.register_lowering(
+        _fft_p, mlir.lower_fun(lambda x, *, axes: _partitioned(axes, x.ndim)(x), multiple_results=False)
+    )
+    _dispatch.prim_requires_devices_during_lowering.add(_fft_p)
+
+    def _batch_rule(args, dims, *, axes):
+        (x,), (d,) = args, dims
+        x = jnp.moveaxis(x, d, 0)  # the batch first: the transformed axes move up by one
+        return _fft_p.bind(x, axes=tuple(a + 1 for a in axes)), 0
+
+    batching.primitive_batchers[_fft_p] = _batch_rule
+    # linear; the DFT matrix is symmetric, so the transpose is the same FFT
+    ad.deflinear2(_fft_p, lambda ct, x, *, axes: [_fft_p.bind(ct, axes=axes)])
+
+#: primitives of this module that XLA's partitioner splits (the ``jit`` strategy does not warn about them)
+PARTITIONED_PRIMITIVES = ("shardvi_partitioned_fft",)
+
+
+def fftn(x, axes: Sequence[int] | None = None):
+    """``jnp.fft.fftn(x, axes=axes)`` (complex ``x``) that stays split along untransformed axes under ``jit``.
+
+    Parameters
+    ----------
+    x : complex array
+    axes : sequence of int, optional
+        Axes to transform (default: all), distinct; normalized to ``0 <= a < x.ndim``.
+
+    Returns
+    -------
+    complex array, the shape of ``x``
+        Bitwise ``jnp.fft.fftn(x, axes=axes)`` on XLA:CPU, on one device and per device.
+    """
+    x = jnp.asarray(x)
+    if not jnp.iscomplexobj(x):
+        raise TypeError(f"fftn expects a complex array, got {x.dtype}")
+    nd = x.ndim
+    axes = tuple(range(nd)) if axes is None else tuple(int(a) % nd for a in axes)
+    if Primitive is None:  # pragma: no cover - no custom partitioning in this jax: the plain FFT
+        return jnp.fft.fftn(x, axes=axes)
+    return _fft_p.bind(x, axes=axes)
