@@ -38,7 +38,7 @@ def by_axes(x):
     return x
 
 
-@pytest.mark.parametrize("shape", SHAPES + [(48, 60), (32, 30, 18)], ids=str)
+@pytest.mark.parametrize("shape", [(48, 60), (32, 30, 18)], ids=str)
 def test_fftn_is_the_sequence_of_1d_passes_and_each_line_is_batch_independent(shape):
     """The XLA:CPU facts the bitwise equality rests on: ``fftn`` == its 1-D passes, last axis first; a
     batched 1-D FFT gives every line the bits it gets in any other batch (here: each of 4 slabs)."""
@@ -54,7 +54,7 @@ def test_fftn_is_the_sequence_of_1d_passes_and_each_line_is_batch_independent(sh
             assert np.array_equal(part, np.take(whole, range(p * m, (p + 1) * m), axis=1 - axis))
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES[1:3], ids=str)
 def test_one_device_hartley_is_re_plus_im_of_numpys_fft(shape):
     x = np.random.default_rng(0).normal(size=shape)
     y = np.fft.fftn(x)
