@@ -214,3 +214,10 @@ def test_partitioned_fft_derivatives_and_errors():
     np.testing.assert_array_equal(np.asarray(g), np.asarray(jax.grad(loss(jnp.fft.fftn))(x)))
     with pytest.raises(TypeError, match="complex array"):
         fftn(jnp.ones((4, 4)))
+    z = jnp.ones((4, 4), jnp.complex128)
+    with pytest.raises(ValueError, match="out of range"):
+        fftn(z, (2,))
+    with pytest.raises(ValueError, match="distinct"):
+        fftn(z, (1, -1))
+    with pytest.raises(TypeError, match="sequence of ints"):
+        fftn(z, "01")

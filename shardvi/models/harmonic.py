@@ -157,7 +157,7 @@ def hartley(x, axes: Sequence[int] | None = None, *, axis_name: str | None = Non
     transformed pixels. ``axis_name``: inside a
     ``jax.shard_map`` whose mesh axis of that name splits ``axes[0]`` into slabs,
     ``x`` is the local slab and the transform is the distributed one
-    (:func:`shardvi.parallel.slab.slab_hartley`), bitwise the one-device result.
+    (:func:`shardvi.parallel.slab.slab_hartley`), bitwise the one-device result on XLA:CPU.
     """
     return slab_hartley(x, axes, axis_name=axis_name)
 

@@ -119,7 +119,20 @@ def fftn(x, axes: Sequence[int] | None = None):
     if not jnp.iscomplexobj(x):
         raise TypeError(f"fftn expects a complex array, got {x.dtype}")
     nd = x.ndim
-    axes = tuple(range(nd)) if axes is None else tuple(int(a) % nd for a in axes)
+    if axes is None:
+        axes = tuple(range(nd))
+    else:
+        try:
+            if isinstance(axes, (str, bytes)):
+                raise TypeError
+            axes = tuple(int(a) for a in axes)
+        except (TypeError, ValueError):
+            raise TypeError(f"axes must be a sequence of ints, got {axes!r}") from None
+        if any(not -nd <= a < nd for a in axes):
+            raise ValueError(f"axes {axes} out of range for an array with {nd} axes")
+        axes = tuple(a % nd for a in axes)
+        if len(set(axes)) != len(axes):
+            raise ValueError(f"axes must be distinct, got {axes}")
     if Primitive is None:  # pragma: no cover - no custom partitioning in this jax: the plain FFT
         return jnp.fft.fftn(x, axes=axes)
     return _fft_p.bind(x, axes=axes)

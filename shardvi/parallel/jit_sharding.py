@@ -70,7 +70,7 @@ class JitSharding(MultiDevice):
     warns). shardvi's own FFT (:func:`shardvi.parallel.fft.fftn`, used by
     :func:`shardvi.models.harmonic.hartley` and the correlated field) carries a partitioning
     rule and stays split over the samples: correlated-field models run
-    sample-parallel, bitwise as on one device. Use
+    sample-parallel. Use
     :class:`~shardvi.parallel.ShardMap` or :class:`~shardvi.parallel.Pmap`
     for models with other custom calls.
 

@@ -13,12 +13,11 @@ computed as
 4. ``all_to_all`` back: the result split along ``a0`` again, like the input.
 
 On one device (no mesh axis) it is ``jnp.fft.fftn`` over the grid axes
-(:func:`shardvi.parallel.fft.fftn`: the same FFT with a rule for XLA's
-partitioner, so a batch of fields split over devices under ``jit`` stays
-split), which
-XLA:CPU computes as the same 1-D passes in the same order (last axis first;
-bitwise equal to the explicit sequence, and ~1.5x faster than calling it pass
-by pass). A batched 1-D FFT on XLA:CPU transforms each line on its own — its
+(as :func:`shardvi.parallel.fft.fftn`, which carries a rule for XLA's
+partitioner: a batch of fields split over devices under ``jit`` stays split).
+XLA:CPU computes that as the same 1-D passes in the same order (last axis
+first; bitwise equal to the explicit sequence, and ~1.5x faster than calling
+it pass by pass). A batched 1-D FFT on XLA:CPU transforms each line on its own — its
 result does not depend on how many lines are in the batch — and the two
 ``all_to_all`` only move data, so the slab transform is bitwise the
 one-device transform for any ``P`` that divides ``N0`` and ``N1``
