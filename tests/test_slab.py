@@ -221,3 +221,26 @@ def test_partitioned_fft_derivatives_and_errors():
         fftn(z, (1, -1))
     with pytest.raises(TypeError, match="sequence of ints"):
         fftn(z, "01")
+
+
+@pytest.mark.parametrize("shape", [(16, 12), (8, 12, 6)], ids=str)
+def test_partitioned_fft_of_a_slab_split_field_under_jit_uses_the_slab_transform(shape):
+    """A field split along its first axis (a model axis) under plain ``jit``: transformed in place by the slab
+    algorithm (``all_to_all``, no all-gather), bitwise the one-device transform; the Hartley transform too."""
+    rng = np.random.default_rng(10)
+    x = jnp.asarray(rng.normal(size=shape))
+    xs = _sharded(x, P(AX))
+    ref = np.asarray(jax.jit(hartley)(x))
+    f = jax.jit(hartley)
+    out = f(xs)
+    text = f.lower(xs).compile().as_text()
+    assert "all-to-all" in text and "all-gather" not in text
+    assert np.array_equal(np.asarray(out), ref)
+    assert out.sharding.spec[0] == AX
+    # the gradient of a nonlinear function of it, against one device
+    loss = lambda a: jnp.sum(jnp.sin(hartley(a)) ** 2)  # noqa: E731
+    g_ref = np.asarray(jax.jit(jax.grad(loss))(x))
+    np.testing.assert_allclose(np.asarray(jax.jit(jax.grad(loss))(xs)), g_ref, rtol=0, atol=1e-12 * np.abs(g_ref).max())
+    # the second axis not divisible by the devices: gathered, still correct
+    y = jnp.asarray(rng.normal(size=(8, 6)))
+    np.testing.assert_array_equal(np.asarray(jax.jit(hartley)(_sharded(y, P(AX)))), np.asarray(jax.jit(hartley)(y)))

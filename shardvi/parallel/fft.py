@@ -6,10 +6,13 @@ gathers a batch of fields that is split over the devices and runs the whole
 batch on every device. :func:`fftn` is ``jnp.fft.fftn`` with a partitioning
 rule (``jax.experimental.custom_partitioning``): an input split along axes
 that are not transformed stays split and each device transforms its own
-part; transformed axes are gathered (the rule asks for them whole). The
-lines a device transforms get the bits they get on one device (a batched 1-D
-FFT on XLA:CPU transforms each line on its own), so sample-parallel FFTs
-under ``jit`` give the one-device results bitwise.
+part; an input split along the first transformed axis (a field split into
+slabs over a model axis) is transformed in place by the slab algorithm
+(:func:`slab_passes`: local FFTs, ``all_to_all``, FFT, ``all_to_all``);
+other splits of transformed axes are gathered. The lines a device transforms
+get the bits they get on one device (a batched 1-D FFT on XLA:CPU transforms
+each line on its own), so sample- and slab-parallel FFTs under ``jit`` give
+the one-device results bitwise.
 
 Outside a partitioned program (one device, or inside ``jax.shard_map``, where
 every mesh axis is manual) it lowers to the plain FFT. It is linear with a
@@ -24,6 +27,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any, cast
 
+import jax
 import jax.numpy as jnp
 from jax.interpreters import ad, batching, mlir
 from jax.sharding import NamedSharding
@@ -37,18 +41,47 @@ except ImportError:  # pragma: no cover - depends on the jax version
     # typed Any: used only after the `Primitive is not None` checks below
     _dispatch = custom_partitioning = Primitive = cast(Any, None)
 
-__all__ = ["fftn", "PARTITIONED_PRIMITIVES"]
+__all__ = ["fftn", "slab_passes", "PARTITIONED_PRIMITIVES"]
 
 
-def _split_free_sharding(sharding, shape, axes, mesh):
-    """``sharding`` if it leaves the transformed ``axes`` whole, else one that does (same batch split if named)."""
+def slab_passes(x, axes: tuple, axis_name: str, n_dev: int):
+    """The DFT over ``axes`` of a slab split along ``axes[0]`` over mesh axis ``axis_name`` (``n_dev`` devices).
+
+    Local FFTs over ``axes[1:]``, an ``all_to_all`` that gathers ``axes[0]`` and splits
+    ``axes[1]``, the FFT along ``axes[0]``, and the ``all_to_all`` back. Per device, inside a
+    ``shard_map`` or a partitioned program where ``axis_name`` is manual; see
+    :mod:`shardvi.parallel.slab`.
+    """
+    a0, a1 = axes[0], axes[1]
+    x = jnp.fft.fftn(x, axes=axes[1:])
+    if n_dev > 1:
+        x = jax.lax.all_to_all(x, axis_name, split_axis=a1, concat_axis=a0, tiled=True)
+    x = jnp.fft.fft(x, axis=a0)
+    if n_dev > 1:
+        x = jax.lax.all_to_all(x, axis_name, split_axis=a0, concat_axis=a1, tiled=True)
+    return x
+
+
+def _plan(sharding, shape, axes, mesh):
+    """The operand sharding to compute in, and the mesh axis of a slab transform (or ``None``).
+
+    Transformed axes whole: ``sharding`` as is, each device its own part. ``axes[0]`` split over
+    one named mesh axis that also divides ``axes[1]``: as is, with the slab transform (bitwise the
+    one-device FFT on XLA:CPU). Any other split of a transformed axis: those axes gathered.
+    """
     local = sharding.shard_shape(shape)
-    if all(local[a] == shape[a] for a in axes):
-        return sharding
+    split = [a for a in axes if local[a] != shape[a]]
+    if not split:
+        return sharding, None
     if isinstance(sharding, NamedSharding):
         spec = tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec))
-        return NamedSharding(sharding.mesh, P(*(None if i in axes else s for i, s in enumerate(spec))))
-    return NamedSharding(mesh, P())  # an unnamed split of a transformed axis: gather it all (correct, slow)
+        name = spec[axes[0]]
+        if split == [axes[0]] and len(axes) >= 2 and isinstance(name, str):
+            n_dev = sharding.mesh.shape[name]
+            if shape[axes[1]] % n_dev == 0:
+                return sharding, name
+        return NamedSharding(sharding.mesh, P(*(None if i in axes else s for i, s in enumerate(spec)))), None
+    return NamedSharding(mesh, P()), None  # an unnamed split of a transformed axis: gather it all (correct, slow)
 
 
 @functools.cache
@@ -62,19 +95,23 @@ def _partitioned(axes: tuple, ndim: int):
 
     def infer(mesh, arg_shapes, result_shape):
         a = arg_shapes[0]
-        return _split_free_sharding(a.sharding, a.shape, axes, mesh)
+        return _plan(a.sharding, a.shape, axes, mesh)[0]
 
     def partition(mesh, arg_shapes, result_shape):
         a = arg_shapes[0]
-        s = _split_free_sharding(a.sharding, a.shape, axes, mesh)
-        return mesh, fft, s, (s,)
+        s, name = _plan(a.sharding, a.shape, axes, mesh)
+        if name is None:
+            return mesh, fft, s, (s,)
+        n_dev = s.mesh.shape[name]
+        return mesh, functools.partial(slab_passes, axes=axes, axis_name=name, n_dev=n_dev), s, (s,)
 
     factors = " ".join(f"d{i}" for i in range(ndim))
     cp.def_partition(
         infer_sharding_from_operands=infer,
         partition=partition,
         sharding_rule=f"{factors} -> {factors}",
-        need_replication_factors=tuple(f"d{a}" for a in axes),
+        # the first transformed axis may stay split (the slab transform); the others are gathered if split
+        need_replication_factors=tuple(f"d{a}" for a in axes[1:]),
     )
     return cp
 

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from .fft import fftn
+from .fft import fftn, slab_passes
 
 __all__ = ["mapped_axis_size", "slab_fftn", "slab_hartley"]
 
@@ -129,14 +129,7 @@ def slab_fftn(x, axes: Sequence[int] | None = None, *, axis_name: str | None = N
 def _forward(x, ax, axis_name, n_dev):
     if axis_name is None:  # split along other (batch) axes under jit: each device its own part (.fft)
         return fftn(x, ax)
-    a0, a1 = ax[0], ax[1]
-    x = fftn(x, ax[1:])  # 1. the unsplit axes, local
-    if n_dev > 1:  # 2. rows whole, columns split
-        x = jax.lax.all_to_all(x, axis_name, split_axis=a1, concat_axis=a0, tiled=True)
-    x = jnp.fft.fft(x, axis=a0)  # 3.
-    if n_dev > 1:  # 4. back to the input's layout
-        x = jax.lax.all_to_all(x, axis_name, split_axis=a0, concat_axis=a1, tiled=True)
-    return x
+    return slab_passes(x, ax, axis_name, n_dev)  # steps 1-4 above
 
 
 def slab_hartley(x, axes: Sequence[int] | None = None, *, axis_name: str | None = None):
