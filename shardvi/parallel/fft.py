@@ -41,7 +41,25 @@ except ImportError:  # pragma: no cover - depends on the jax version
     # typed Any: used only after the `Primitive is not None` checks below
     _dispatch = custom_partitioning = Primitive = cast(Any, None)
 
-__all__ = ["fftn", "slab_passes", "PARTITIONED_PRIMITIVES"]
+__all__ = ["fftn", "normalize_axes", "slab_passes", "PARTITIONED_PRIMITIVES"]
+
+
+def normalize_axes(ndim: int, axes) -> tuple[int, ...]:
+    """``axes`` (default: all ``ndim``) as distinct ints in ``[0, ndim)``; ``TypeError``/``ValueError`` otherwise."""
+    if axes is None:
+        return tuple(range(ndim))
+    try:
+        if isinstance(axes, (str, bytes)):
+            raise TypeError
+        out = tuple(int(a) for a in axes)
+    except (TypeError, ValueError):
+        raise TypeError(f"axes must be a sequence of ints, got {axes!r}") from None
+    if any(not -ndim <= a < ndim for a in out):
+        raise ValueError(f"axes {out} out of range for an array with {ndim} axes")
+    out = tuple(a % ndim for a in out)
+    if len(set(out)) != len(out):
+        raise ValueError(f"axes must be distinct, got {out}")
+    return out
 
 
 def slab_passes(x, axes: tuple, axis_name: str, n_dev: int):
@@ -155,21 +173,7 @@ def fftn(x, axes: Sequence[int] | None = None):
     x = jnp.asarray(x)
     if not jnp.iscomplexobj(x):
         raise TypeError(f"fftn expects a complex array, got {x.dtype}")
-    nd = x.ndim
-    if axes is None:
-        axes = tuple(range(nd))
-    else:
-        try:
-            if isinstance(axes, (str, bytes)):
-                raise TypeError
-            axes = tuple(int(a) for a in axes)
-        except (TypeError, ValueError):
-            raise TypeError(f"axes must be a sequence of ints, got {axes!r}") from None
-        if any(not -nd <= a < nd for a in axes):
-            raise ValueError(f"axes {axes} out of range for an array with {nd} axes")
-        axes = tuple(a % nd for a in axes)
-        if len(set(axes)) != len(axes):
-            raise ValueError(f"axes must be distinct, got {axes}")
+    axes = normalize_axes(x.ndim, axes)
     if Primitive is None:  # pragma: no cover - no custom partitioning in this jax: the plain FFT
         return jnp.fft.fftn(x, axes=axes)
     return _fft_p.bind(x, axes=axes)

@@ -39,27 +39,9 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from .fft import fftn, slab_passes
+from .fft import fftn, normalize_axes, slab_passes
 
 __all__ = ["mapped_axis_size", "slab_fftn", "slab_hartley"]
-
-
-def _grid_axes(x, axes) -> tuple[int, ...]:
-    nd = jnp.ndim(x)
-    if axes is None:
-        return tuple(range(nd))
-    try:
-        if isinstance(axes, (str, bytes)):
-            raise TypeError
-        out = tuple(int(a) for a in axes)
-    except (TypeError, ValueError):
-        raise TypeError(f"axes must be a sequence of ints, got {axes!r}") from None
-    if any(not -nd <= a < nd for a in out):
-        raise ValueError(f"axes {out} out of range for an array with {nd} axes")
-    out = tuple(a % nd for a in out)
-    if len(set(out)) != len(out):
-        raise ValueError(f"axes must be distinct, got {out}")
-    return out
 
 
 def mapped_axis_size(axis_name: str) -> int:
@@ -103,7 +85,7 @@ def slab_fftn(x, axes: Sequence[int] | None = None, *, axis_name: str | None = N
         not divisible by the number of devices along ``axis_name``; ``axis_name`` not
         mapped over here.
     """
-    ax = _grid_axes(x, axes)
+    ax = normalize_axes(jnp.ndim(x), axes)
     if axis_name is None:
         n_dev = 1
     elif len(ax) < 2:
