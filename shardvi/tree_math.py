@@ -2,6 +2,13 @@
 
 All functions are pure and jittable. Vectors are arbitrary pytrees whose leaves
 are inexact arrays; two vectors in one operation must share their structure.
+
+A leaf may be a slab of a grid split over devices (a
+:class:`~shardvi.parallel.grid.Slab` node, field parallelism): the leafwise
+operations act on the local slab, the reductions (:func:`vdot`, :func:`norm`,
+:func:`total`, :func:`abs_total`, :func:`all_finite`, :func:`size`) and
+:func:`random_like` cover the whole grid in a fixed block order, so their
+results do not depend on how many devices share the grid.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ __all__ = [
     "axpy",
     "vdot",
     "norm",
+    "total",
+    "abs_total",
     "zeros_like",
     "size",
     "where",
@@ -51,15 +60,38 @@ def axpy(alpha, x, y):
     return jtu.tree_map(lambda xi, yi: alpha * xi + yi, x, y)
 
 
-def vdot(a, b):
-    """Real inner product ``sum(conj(a) * b)`` over all leaves (a scalar)."""
-    parts = [jnp.real(jnp.vdot(x, y)) for x, y in zip(jtu.tree_leaves(a), jtu.tree_leaves(b))]
+def _is_slab(node) -> bool:
+    return getattr(type(node), "_shardvi_slab", False) is True
+
+
+def _leaves(a):
+    """Leaves with slabs kept whole (their reductions span the grid)."""
+    return jtu.tree_leaves(a, is_leaf=_is_slab)
+
+
+def _add_up(parts):
+    """``parts[0] + parts[1] + ...`` left to right (0 for none)."""
     if not parts:
         return jnp.zeros(())
     out = parts[0]
     for p in parts[1:]:
         out = out + p
     return out
+
+
+def vdot(a, b):
+    """Real inner product ``sum(conj(a) * b)`` over all leaves (a scalar)."""
+    return _add_up([x.vdot(y) if _is_slab(x) else jnp.real(jnp.vdot(x, y)) for x, y in zip(_leaves(a), _leaves(b))])
+
+
+def total(a):
+    """Sum of all entries of all leaves (a scalar)."""
+    return _add_up([x.total() if _is_slab(x) else jnp.sum(x) for x in _leaves(a)])
+
+
+def abs_total(a):
+    """``sum |entry|`` over all leaves: the l1 norm (a real scalar)."""
+    return total(jtu.tree_map(jnp.abs, a))
 
 
 def norm(a):
@@ -74,7 +106,7 @@ def zeros_like(a):
 
 def size(a) -> int:
     """Total number of scalar entries (static)."""
-    return int(sum(jnp.size(x) for x in jtu.tree_leaves(a)))
+    return int(sum(x.size if _is_slab(x) else jnp.size(x) for x in _leaves(a)))
 
 
 def where(cond, a, b):
@@ -100,10 +132,10 @@ def leaf_dtype(a):
 
 def all_finite(a):
     """Scalar bool: every entry of every leaf is finite."""
-    leaves = jtu.tree_leaves(a)
+    leaves = _leaves(a)
     if not leaves:
         return jnp.array(True)
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+    return jnp.all(jnp.stack([x.all_finite() if _is_slab(x) else jnp.all(jnp.isfinite(x)) for x in leaves]))
 
 
 def conj(a):
@@ -142,13 +174,18 @@ def random_like(key, domain):
     """Standard-normal pytree shaped like ``domain`` (ShapeDtypeStructs or arrays).
 
     Complex leaves get independent unit-variance real and imaginary parts, i.e.
-    unit variance w.r.t. the real inner product used throughout.
+    unit variance w.r.t. the real inner product used throughout. A slab leaf is
+    drawn block by block (the same numbers on any number of devices).
     """
-    leaves, treedef = jtu.tree_flatten(domain)
+    leaves, treedef = jtu.tree_flatten(domain, is_leaf=_is_slab)
     keys = jax.random.split(key, max(len(leaves), 1))
     out = []
     for k, d in zip(keys, leaves):
-        if jnp.issubdtype(d.dtype, jnp.complexfloating):
+        if _is_slab(d):
+            if jnp.issubdtype(d.value.dtype, jnp.complexfloating):
+                raise TypeError("random_like: a grid split over devices must be real")
+            out.append(d.normal(k))
+        elif jnp.issubdtype(d.dtype, jnp.complexfloating):
             real = jnp.finfo(d.dtype).dtype
             kr, ki = jax.random.split(k)
             out.append(

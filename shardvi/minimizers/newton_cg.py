@@ -251,7 +251,7 @@ def newton_cg(
         fallback_npc = (res.status == Status.NONPOSITIVE_CURVATURE) & ~descent
         p = tm.where(descent, p, tm.scale(-1.0, s.g))
         slope = jnp.where(descent, slope, -(gnorm**2))
-        p_l1 = sum(jnp.sum(jnp.abs(leaf)) for leaf in jax.tree_util.tree_leaves(p))
+        p_l1 = tm.abs_total(p)
         f_tol = f_eps * jnp.abs(s.f)  # energy changes below this are rounding noise
 
         def accepted(k, f_new, g_new):

@@ -35,6 +35,8 @@ import numpy as np
 from jax.scipy.special import logsumexp
 
 from ..module import Module
+from ..parallel.grid import is_slab, local_rows, take
+from ..parallel.slab import layout_hartley
 from .harmonic import RegularGrid, hartley
 from .model import Model
 from .priors import LogNormal, Normal, Prior, as_prior
@@ -351,8 +353,32 @@ class CorrelatedField(Model):
         return int(i) % len(self.amplitudes)
 
     def _field(self, xi):
+        if is_slab(xi[self._xi_name]):
+            return self._slab_field(xi)
         c = self.harmonic_amplitude(xi)
         return self.offset_mean + hartley(c * xi[self._xi_name])
+
+    def _slab_field(self, xi):
+        """The field's local slab from a latent whose excitations are a :class:`~shardvi.parallel.grid.Slab`.
+
+        Field parallelism: ``c`` is read per block from the replicated spectrum (its gradient
+        summed in block order) and the Hartley transform is the slab transform, so the slab
+        and its derivatives are bitwise the same on any number of devices sharing the grid.
+        Returns the local slab (an array: element-wise operations on it just work).
+        """
+        slab = xi[self._xi_name]
+        if len(self.amplitudes) != 1 or self.amplitudes[0].grid.ndim < 2:
+            raise ValueError(
+                "a correlated field split over devices needs one sub-domain with at least 2 axes (the slab "
+                f"transform splits grid axis 0 and transposes into axis 1); this one has grids {self.grids}"
+            )
+        layout = slab.layout
+        g = self.amplitudes[0].grid
+        azm = self.zero_mode_std(xi)
+        log_a = 0.5 * (self.amplitudes[0].log_power(xi, self.dtype) - math.log(g.total_volume))
+        table = jnp.concatenate([azm[None], jnp.exp(log_a)])  # c per |k| bin: azm * ahat
+        c = take(table, local_rows(jnp.asarray(g.power_index), layout), layout)
+        return self.offset_mean + layout_hartley(c * slab.value, layout)
 
     def __repr__(self):
         return (

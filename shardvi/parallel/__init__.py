@@ -12,12 +12,16 @@ In the default reproducible mode every strategy gives bitwise identical
 results for any device count (the contract is in :class:`Strategy`'s
 docstring; see also :mod:`shardvi.parallel.reproducible`). Also:
 :func:`collectives` (count all-reduce / all-gather ops in compiled HLO) and
-:func:`initialize_distributed` (multi-process runs), and :func:`slab_fftn` /
-:func:`slab_hartley` (FFTs of a grid split into slabs over a mesh axis).
+:func:`initialize_distributed` (multi-process runs), :func:`slab_fftn` /
+:func:`slab_hartley` (FFTs of a grid split into slabs over a mesh axis), and
+:class:`GridLayout` / :class:`Slab` (a grid cut into fixed blocks over the
+model axis: sums, tables and draws that are bitwise the same on any layout,
+:mod:`shardvi.parallel.grid`).
 """
 
 from .collectives import CollectiveCounts, collectives, count_collectives
 from .distributed import initialize_distributed, is_distributed, shutdown_distributed
+from .grid import GridLayout, Slab
 from .jit_sharding import JitSharding
 from .lax_map import LaxMap
 from .mesh import SAMPLE_AXIS, check_devices, replicated, sample_mesh, sharded
@@ -83,6 +87,8 @@ __all__ = [
     "reproducible_jit",
     "sample_mesh",
     "sharded",
+    "GridLayout",
+    "Slab",
     "slab_fftn",
     "slab_hartley",
     "shutdown_distributed",

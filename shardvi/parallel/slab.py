@@ -41,7 +41,7 @@ import jax.numpy as jnp
 
 from .fft import fftn, normalize_axes, slab_passes
 
-__all__ = ["mapped_axis_size", "slab_fftn", "slab_hartley"]
+__all__ = ["mapped_axis_size", "slab_fftn", "slab_hartley", "layout_hartley"]
 
 
 def mapped_axis_size(axis_name: str) -> int:
@@ -125,4 +125,26 @@ def slab_hartley(x, axes: Sequence[int] | None = None, *, axis_name: str | None 
     if jnp.iscomplexobj(x):
         raise TypeError("hartley expects a real array")
     y = slab_fftn(x.astype(jnp.result_type(x.dtype, jnp.complex64)), axes, axis_name=axis_name)
+    return (y.real + y.imag).astype(x.dtype)
+
+
+def layout_hartley(x, layout, axes: Sequence[int] | None = None):
+    """:func:`slab_hartley` of a slab cut by a :class:`~shardvi.parallel.grid.GridLayout`.
+
+    Always the explicit slab passes (:func:`~shardvi.parallel.fft.slab_passes`), also on one
+    device (``layout.axis`` None): their JVP and transpose are then the same programs on every
+    layout, bitwise (the one-device ``fftn`` is bitwise the passes forward, not in its transpose).
+    """
+    x = jnp.asarray(x)
+    if jnp.iscomplexobj(x):
+        raise TypeError("hartley expects a real array")
+    ax = normalize_axes(jnp.ndim(x), axes)
+    if len(ax) < 2:
+        raise ValueError(f"a grid split into slabs needs at least 2 grid axes, got axes={ax}")
+    if x.shape[ax[1]] % layout.shards:
+        raise ValueError(
+            f"grid axis {ax[1]} has {x.shape[ax[1]]} entries, not divisible by the {layout.shards} devices "
+            f"along the model axis (the slab transform splits it over them)"
+        )
+    y = slab_passes(x.astype(jnp.result_type(x.dtype, jnp.complex64)), ax, layout.axis, layout.shards)
     return (y.real + y.imag).astype(x.dtype)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 from jax import tree_util as jtu
+
+from .. import tree_math as tm
 
 __all__ = ["parse_selection", "project", "any_selected"]
 
@@ -41,7 +42,7 @@ def parse_selection(spec, domain, argname: str):
 
 def project(keep, v):
     """Zero the entries of ``v`` whose ``keep`` flag is False (static, free when all True)."""
-    return jtu.tree_map(lambda k, x: x if k else jnp.zeros_like(x), keep, v)
+    return jtu.tree_map(lambda k, x: x if k else tm.zeros_like(x), keep, v)
 
 
 def any_selected(sel) -> bool:
