@@ -157,7 +157,16 @@ class MultiDevice(Strategy):
         return jax.device_put(tree, shardings)
 
     def check_blocks(self, tree) -> None:
-        """``ValueError`` unless ``model_shards`` divides the block count of every blocked likelihood in ``tree``."""
+        """``ValueError`` unless ``model_shards`` divides the block count of every blocked likelihood in ``tree``
+        (data blocks, or the field blocks of a likelihood amended with ``field_blocks``)."""
+        split = [n for n in jtu.tree_leaves(tree, is_leaf=_is_field_split) if _is_field_split(n)]
+        for node in split:
+            if node.n_blocks % self.model_shards:
+                raise ValueError(
+                    f"model_shards={self.model_shards} does not divide field_blocks={node.n_blocks}: every "
+                    f"model shard holds the same number of whole blocks of grid rows (amend with a multiple "
+                    f"of {self.model_shards}, or use model_shards dividing {node.n_blocks})"
+                )
         for node in blocked_nodes(tree):
             if node.n_blocks % self.model_shards:
                 raise ValueError(
@@ -178,6 +187,10 @@ class MultiDevice(Strategy):
         """Drop the padding and replicate the stacked outputs (the all-gather)."""
         out = jtu.tree_map(lambda y: y[: layout.n], stacked)
         return jax.lax.with_sharding_constraint(out, replicated(self.mesh))
+
+
+def _is_field_split(node) -> bool:
+    return getattr(node, "field_split", False) is True
 
 
 def masked_local_sum(values, layout: Layout, device_index):

@@ -38,7 +38,7 @@ from jax import tree_util as jtu
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from .strategy import ordered_sum
+from .strategy import chunked_apply, ordered_sum
 
 __all__ = [
     "GridLayout",
@@ -51,6 +51,7 @@ __all__ = [
     "take",
     "normal",
     "local_rows",
+    "gather_rows",
     "all_devices",
 ]
 
@@ -235,13 +236,33 @@ def _blocks(x, layout: GridLayout):
     return x.reshape((layout.local_blocks, x.shape[0] // layout.local_blocks) + x.shape[1:])
 
 
+def _loop_blocks(fn: Callable, stacked: tuple):
+    """``fn`` on entry ``b`` of every array in ``stacked`` (leading axis: the local blocks), stacked.
+
+    A ``scan`` (differentiable) with one spare pass that reads the last block again and is
+    dropped: the loop always has at least two passes, so XLA never inlines it into (and fuses it
+    with) the surrounding program, as it would a loop of one pass on a device that holds one
+    block. Every block is then computed by the same loop-body program on any layout (XLA:CPU
+    contracts a multiply and an add into an FMA where it fuses them: fusion decides the bits).
+    Blocks are read in place (no copy of the slab).
+    """
+    n = stacked[0].shape[0]
+
+    def one(i):
+        at = jnp.minimum(i, n - 1)
+        return fn(*(jax.lax.dynamic_index_in_dim(a, at, keepdims=False) for a in stacked))
+
+    out = jax.lax.map(one, jnp.arange(n + 1))
+    return jtu.tree_map(lambda o: o[:n], out)
+
+
 def block_map(fn: Callable, layout: GridLayout, *slabs):
-    """``fn(block_b of each slab)`` for every local block, stacked along a leading block axis (``lax.map``).
+    """``fn(block_b of each slab)`` for every local block, stacked along a leading block axis.
 
     One block per pass of a loop, so each block is computed by the same program on any
-    layout; differentiable (the loop is a ``scan``).
+    layout; differentiable (see :func:`_loop_blocks`).
     """
-    return jax.lax.map(lambda bs: fn(*bs), tuple(_blocks(s, layout) for s in slabs))
+    return _loop_blocks(fn, tuple(_blocks(s, layout) for s in slabs))
 
 
 def grid_total(x, layout: GridLayout):
@@ -275,7 +296,7 @@ def take(table, index, layout: GridLayout):
     block (:func:`spread`): its gradient (a scatter-add over the pixels) is summed per
     block and the blocks in block order, bitwise the same on any layout.
     """
-    parts = jax.lax.map(lambda ti: ti[0][ti[1]], (spread(table, layout), _blocks(index, layout)))
+    parts = _loop_blocks(lambda t, i: t[i], (spread(table, layout), _blocks(index, layout)))
     return parts.reshape(index.shape)
 
 
@@ -285,10 +306,16 @@ def normal(key, shape, dtype, layout: GridLayout):
     rows = shape[0] // layout.local_blocks
     block_shape = (rows,) + tuple(shape[1:])
 
-    def one(i):  # one block per pass (lax.map): the same program for every block on any layout
+    def one(i):  # one block per pass of a loop XLA keeps (see chunked_apply): the same program on any layout
         return jax.random.normal(jax.random.fold_in(key, layout.block_index(i)), block_shape, dtype)
 
-    return jax.lax.map(one, jnp.arange(layout.local_blocks)).reshape(shape)
+    idx = jnp.arange(layout.local_blocks)
+    return chunked_apply(one, (0,), (idx,), 1).reshape(shape)
+
+
+def gather_rows(x, layout: GridLayout):
+    """The whole grid from this device's slab ``x`` (an all-gather over the axis; ``x`` itself without one)."""
+    return _gather(x, layout.axis)
 
 
 def local_rows(x, layout: GridLayout):

@@ -6,6 +6,7 @@ import jax
 
 from .. import tree_math as tm
 from ..parallel.strategy import map_mean
+from .field_split import per_device, whole
 from .likelihood import Likelihood
 
 __all__ = ["hamiltonian", "hamiltonian_metric", "hamiltonian_metric_operator", "kl_value_and_grad", "kl_metric"]
@@ -36,17 +37,26 @@ def kl_value_and_grad(lh: Likelihood, pos, residuals, strategy):
     vg = _blocked_value_and_grad if lh.blocked else jax.value_and_grad(hamiltonian, argnums=1)
     if _n(residuals) == 0:
         return vg(lh, pos)
+
+    def one(lik, p, r):  # a field-split likelihood: per device on slabs, the gradient gathered (per_device)
+        lik, p, r = per_device(lik, p, r)
+        v, g = vg(lik, tm.add(p, r))
+        return v, whole(g)
+
     # the likelihood is passed to the strategy as a broadcast argument (its arrays are never closed over)
-    return map_mean(strategy, lambda lik, p, r: vg(lik, tm.add(p, r)), (None, None, 0))(lh, pos, residuals)
+    return map_mean(strategy, one, (None, None, 0))(lh, pos, residuals)
 
 
 def kl_metric(lh: Likelihood, pos, residuals, tangent, strategy):
     """Sample-averaged metric ``mean_i M(pos + r_i) t``."""
     if _n(residuals) == 0:
         return hamiltonian_metric(lh, pos, tangent)
-    return map_mean(strategy, lambda lik, p, r, t: hamiltonian_metric(lik, tm.add(p, r), t), (None, None, 0, None))(
-        lh, pos, residuals, tangent
-    )
+
+    def one(lik, p, r, t):
+        lik, p, r, t = per_device(lik, p, r, t)
+        return whole(hamiltonian_metric(lik, tm.add(p, r), t))
+
+    return map_mean(strategy, one, (None, None, 0, None))(lh, pos, residuals, tangent)
 
 
 def _blocked_value_and_grad(lh, xi):

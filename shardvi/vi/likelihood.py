@@ -80,6 +80,16 @@ def register_blocked_class(cls) -> None:
     _BLOCKED_CLASS = cls
 
 
+#: the class ``amend(model, field_blocks=...)`` builds; :mod:`shardvi.vi.field_split` registers it
+_FIELD_SPLIT_CLASS = None
+
+
+def register_field_split_class(cls) -> None:
+    """Set the class :meth:`Likelihood.amend` builds for ``field_blocks`` (a ``Likelihood`` subclass)."""
+    global _FIELD_SPLIT_CLASS
+    _FIELD_SPLIT_CLASS = cls
+
+
 class _Opaque:
     """A value kept out of the pytree (a static leaf compared by identity): e.g. fingerprint-only arrays."""
 
@@ -242,7 +252,7 @@ class Likelihood(Module):
         return None
 
     # -- composition -----------------------------------------------------------------------
-    def amend(self, model, *, data_blocks: int | None = None) -> Likelihood:
+    def amend(self, model, *, data_blocks: int | None = None, field_blocks: int | None = None) -> Likelihood:
         """This likelihood pulled back to the latent space of ``model``.
 
         The metric becomes ``J^T F J`` and the left square root ``J^T L`` with
@@ -256,7 +266,20 @@ class Likelihood(Module):
         applications become sums over blocks in a fixed order, which a strategy
         with ``model_shards`` dividing ``B`` splits over devices with bitwise
         the results of one device (:class:`~shardvi.vi.blocked.BlockedLikelihood`).
+
+        ``field_blocks=B`` (pixel-wise data on a grid) cuts the grid's first axis
+        into ``B`` fixed blocks of rows, for the data and for the latent leaves
+        with the grid's shape (field parallelism): a strategy with
+        ``model_shards`` dividing ``B`` splits data and field over devices, each
+        computing its slab, with bitwise the results of one device
+        (:class:`~shardvi.vi.field_split.FieldSplitLikelihood`).
         """
+        if data_blocks is not None and field_blocks is not None:
+            raise ValueError("give data_blocks (split the data) or field_blocks (split data and field), not both")
+        if field_blocks is not None:
+            if _FIELD_SPLIT_CLASS is None:  # pragma: no cover -- shardvi.vi imports shardvi.vi.field_split
+                raise RuntimeError("internal: shardvi.vi.field_split was not imported")
+            return _FIELD_SPLIT_CLASS(self, model, field_blocks)
         if data_blocks is not None:
             if _BLOCKED_CLASS is None:  # pragma: no cover -- shardvi.vi imports shardvi.vi.blocked
                 raise RuntimeError("internal: shardvi.vi.blocked was not imported")

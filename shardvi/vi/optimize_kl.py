@@ -34,6 +34,7 @@ from .errors import (
     check_kl_result,
     check_sampling_finite,
 )
+from .field_split import per_device, whole
 from .kl import kl_metric, kl_value_and_grad
 from .likelihood import Likelihood
 from .masks import parse_selection, project
@@ -191,17 +192,25 @@ class OptimizeVI:
         sstrat, kstrat = self.sample_strategy, self.kl_strategy
 
         # the likelihood (data, noise, model arrays) is an argument of every step, never a constant
+        # per_device: a field-split likelihood's per-device view, the latent as slabs of the grid (other
+        # likelihoods unchanged); whole: the residual gathered back into whole arrays
         def draw_linear(lh, pos, keys, config):
-            fn = lambda lik, p, k: draw_linear_residual(lik, p, k, config, sample_mask=smask)  # noqa: E731
-            r, info = sstrat.map(fn, (None, None, 0))(lh, pos, keys)
-            return r, info.nit, info.status, tm.all_finite(r)
+            def fn(lik, p, k):
+                lik, p = per_device(lik, p)
+                r, info = draw_linear_residual(lik, p, k, config, sample_mask=smask)
+                return whole(r), info.nit, info.status
+
+            r, nit, status = sstrat.map(fn, (None, None, 0))(lh, pos, keys)
+            return r, nit, status, tm.all_finite(r)
 
         def curve(lh, pos, residuals, keys, signs, config):
-            fn = lambda lik, p, r, k, s: nonlinearly_update_residual(  # noqa: E731
-                lik, p, r, k, s, config, sample_mask=smask
-            )
-            r, info = sstrat.map(fn, (None, None, 0, 0, 0))(lh, pos, residuals, keys, signs)
-            return r, info.nit, info.status, tm.all_finite(r)
+            def fn(lik, p, r, k, s):
+                lik, p, r = per_device(lik, p, r)
+                r, info = nonlinearly_update_residual(lik, p, r, k, s, config, sample_mask=smask)
+                return whole(r), info.nit, info.status
+
+            r, nit, status = sstrat.map(fn, (None, None, 0, 0, 0))(lh, pos, residuals, keys, signs)
+            return r, nit, status, tm.all_finite(r)
 
         def minimize(lh, pos, residuals, config):
             def fun_and_grad(x):

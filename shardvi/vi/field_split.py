@@ -1,0 +1,216 @@
+"""A likelihood whose data and field are split into slabs: what ``amend(model, field_blocks=B)`` builds.
+
+Field parallelism. The data are pixel-wise on a grid (every data leaf has the
+grid's rows, ``N0``, along its first axis) and the latent leaves with the
+grid's shape (a correlated field's excitations) live on the same grid. Both
+are cut into ``B`` fixed blocks of rows (:class:`~shardvi.parallel.grid.GridLayout`);
+a strategy with ``model_shards = k`` (``k`` dividing ``B``) gives each device
+of a model row ``B / k`` blocks, a slab.
+
+Per device the engine works on a :meth:`FieldSplitLikelihood.per_device`
+view: latent vectors hold :class:`~shardvi.parallel.grid.Slab` leaves (the
+device's rows), the data are the device's rows, the model computes the
+device's slab of the field (a :class:`~shardvi.CorrelatedField` does, with the
+slab transform), and every sum over the grid — the energy, inner products and
+norms in CG and Newton-CG, the random draws — is taken per block and combined
+in block order (:mod:`shardvi.parallel.grid`). The solvers therefore iterate
+identically, and results are bitwise equal, on one device and on any mesh
+whose ``model_shards`` divides ``B``.
+
+Used directly (outside the engine's per-device work) the likelihood takes and
+returns whole latent arrays like any other; on one device (or outside a model
+axis) the slab is the whole grid.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+from jax import tree_util as jtu
+
+from .. import tree_math as tm
+from ..parallel.blocks import current_model_axis
+from ..parallel.grid import GridLayout, Slab, gather_rows, is_slab, local_rows
+from .likelihood import AmendedLikelihood, Likelihood, register_field_split_class
+
+__all__ = ["FieldSplitLikelihood", "per_device", "whole"]
+
+
+def _grid_rows(likelihood: Likelihood) -> int:
+    """``N0``: the common first-axis length of the likelihood's data leaves (``ValueError`` otherwise)."""
+    shapes = [tuple(d.shape) for d in jtu.tree_leaves(likelihood.domain)]
+    rows = {s[0] for s in shapes if len(s) >= 2}
+    if len(rows) != 1 or any(len(s) < 2 for s in shapes):
+        raise ValueError(
+            f"field_blocks needs pixel-wise data on a grid of at least 2 axes (every data leaf with the "
+            f"grid's rows along axis 0), got data shapes {shapes}"
+        )
+    return rows.pop()
+
+
+class FieldSplitLikelihood(AmendedLikelihood):
+    """``likelihood`` on the latent space of ``model``, data and field cut into ``field_blocks`` slabs.
+
+    Built by :meth:`Likelihood.amend <shardvi.Likelihood.amend>` with ``field_blocks``;
+    see the module docstring.
+
+    Parameters
+    ----------
+    likelihood : Likelihood
+        Pixel-wise on the grid (``Gaussian``, ``Poisson``, ``StudentT``, ...): its
+        array leaves have the grid's rows along axis 0 (or are scalars).
+    model : shardvi.Model
+        Its output matches the data; its latent leaves with the data's grid shape
+        are split with the data (the rest, e.g. hyperparameters, is replicated).
+        It must compute a slab of its output from a latent with
+        :class:`~shardvi.parallel.grid.Slab` leaves (a
+        :class:`~shardvi.CorrelatedField` and element-wise operations on it do).
+    field_blocks : int
+        ``B``, a divisor of the grid's first axis; a strategy's ``model_shards``
+        must divide it.
+    """
+
+    #: marks a likelihood whose grid rows a strategy's model axis splits (checked against ``model_shards``)
+    field_split = True
+
+    def __init__(self, likelihood: Likelihood, model, field_blocks: int):
+        super().__init__(likelihood, model)
+        if isinstance(field_blocks, bool) or not isinstance(field_blocks, (int, np.integer)) or field_blocks < 1:
+            raise ValueError(f"field_blocks must be an int >= 1, got {field_blocks!r}")
+        rows = _grid_rows(likelihood)
+        if rows % int(field_blocks):
+            raise ValueError(f"field_blocks={field_blocks} does not divide the grid's {rows} rows (axis 0 of the data)")
+        grid = {tuple(d.shape) for d in jtu.tree_leaves(likelihood.domain)}
+        lsm = likelihood.lsm_tangents_shape
+        if lsm is not None and any(np.shape(d)[:1] != (rows,) for d in jtu.tree_leaves(lsm)):
+            raise ValueError(
+                "field_blocks needs a likelihood whose metric square root acts on grid-shaped noise "
+                f"(lsm_tangents_shape with {rows} rows along axis 0), got {lsm}"
+            )
+        self.n_blocks = int(field_blocks)
+        self.grid_rows = rows
+        # static: which latent leaves are split with the data (those with a data grid's shape)
+        self.latent_split = jtu.tree_map(lambda d: tuple(d.shape) in grid, model.domain)
+
+    def layout(self) -> GridLayout:
+        """The layout being traced under: the strategy's model axis, or all blocks local."""
+        axis = current_model_axis()
+        if axis is None or axis.size == 1:
+            return GridLayout(self.n_blocks)
+        if axis.mesh is not None:
+            raise NotImplementedError(
+                "a likelihood amended with field_blocks runs split over the model axis with ShardMap; "
+                "JitSharding(model_shards > 1) does not split the field yet (use ShardMap, or model_shards=1)"
+            )
+        if self.n_blocks % axis.size:
+            raise ValueError(
+                f"model_shards={axis.size} does not divide field_blocks={self.n_blocks}: every device of "
+                f"a model row holds the same number of whole blocks"
+            )
+        return GridLayout(self.n_blocks, axis.name, axis.size)
+
+    def per_device(self, layout: GridLayout | None = None) -> _DeviceView:
+        """The likelihood as one device of the model axis sees it (latent with ``Slab`` leaves)."""
+        return _DeviceView(self, self.layout() if layout is None else layout)
+
+    # whole latent arrays in and out (the per-device view inside)
+    def energy(self, xi):
+        v = self.per_device()
+        return v.energy(v.local(xi))
+
+    def transformation(self, xi):
+        v = self.per_device()
+        return whole(v.transformation(v.local(xi)))
+
+    def metric_operator(self, xi):
+        v = self.per_device()
+        op = v.metric_operator(v.local(xi))
+        return lambda t: whole(op(v.local(t)))
+
+    def left_sqrt_metric(self, xi, e):
+        v = self.per_device()
+        return whole(v.left_sqrt_metric(v.local(xi), v.local_data(e)))
+
+    def sampling_operators(self, xi):
+        v = self.per_device()
+        lsm, metric = v.sampling_operators(v.local(xi))
+        return (lambda e: whole(lsm(v.local_data(e)))), (lambda t: whole(metric(v.local(t))))
+
+    def _data_noise_sample(self, lsm, key):
+        return self.per_device()._data_noise_sample(lsm, key)
+
+    def normalized_residual(self, xi):
+        v = self.per_device()
+        return whole(v.normalized_residual(v.local(xi)))
+
+
+register_field_split_class(FieldSplitLikelihood)
+
+
+class _DeviceView(AmendedLikelihood):
+    """One device's view of a :class:`FieldSplitLikelihood`: ``Slab`` leaves in and out.
+
+    Built while tracing (no validation); ``domain`` and ``lsm_tangents_shape`` are
+    the local ones, with ``Slab`` leaves, so the sampling and KL code draw and
+    reduce over the whole grid in block order.
+    """
+
+    def __init__(self, parent: FieldSplitLikelihood, layout: GridLayout):
+        rows = parent.grid_rows // layout.shards
+
+        def split_sds(d):
+            return Slab(jax.ShapeDtypeStruct((rows,) + tuple(d.shape[1:]), d.dtype), layout)
+
+        self.parent = parent
+        self.layout_ = layout
+        self.likelihood = jtu.tree_map(lambda a: self._data_leaf(a, layout), parent.likelihood)
+        self.model = functools.partial(_slab_model, parent.model, layout)
+        self.domain = jtu.tree_map(lambda d, s: split_sds(d) if s else d, parent.domain, parent.latent_split)
+        lsm = parent.lsm_tangents_shape
+        self.lsm_tangents_shape = None if lsm is None else jtu.tree_map(split_sds, lsm)
+
+    def _data_leaf(self, a, layout):
+        if np.ndim(a) >= 1 and np.shape(a)[0] == self.parent.grid_rows:
+            return Slab(local_rows(a, layout), layout)
+        return a
+
+    def local(self, xi):
+        """Whole latent arrays -> the device's slabs at the split leaves (``Slab`` leaves kept)."""
+        return jtu.tree_map(
+            lambda x, s: x if (is_slab(x) or not s) else Slab(local_rows(x, self.layout_), self.layout_),
+            xi,
+            self.parent.latent_split,
+            is_leaf=is_slab,
+        )
+
+    def local_data(self, e):
+        """Whole data-shaped arrays -> the device's slabs."""
+        return jtu.tree_map(
+            lambda x: x if is_slab(x) else Slab(local_rows(x, self.layout_), self.layout_), e, is_leaf=is_slab
+        )
+
+    def _data_noise_sample(self, lsm, key):
+        return lsm(tm.random_like(key, self.lsm_tangents_shape))
+
+
+def _slab_model(model, layout: GridLayout, xi):
+    """The model on a latent with ``Slab`` leaves, its (pixel-wise) output as slabs."""
+    return jtu.tree_map(lambda s: Slab(s, layout), model(xi))
+
+
+def whole(tree):
+    """``Slab`` leaves gathered into whole arrays over the model axis (other leaves unchanged)."""
+    return jtu.tree_map(lambda x: gather_rows(x.value, x.layout) if is_slab(x) else x, tree, is_leaf=is_slab)
+
+
+def per_device(lh, *latents):
+    """``(view, latents...)``: the per-device view of a field-split likelihood and its latents as slabs.
+
+    Any other likelihood and its latents are returned unchanged.
+    """
+    if not isinstance(lh, FieldSplitLikelihood):
+        return (lh, *latents)
+    v = lh.per_device()
+    return (v, *(v.local(x) for x in latents))

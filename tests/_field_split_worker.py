@@ -1,0 +1,41 @@
+"""The field-parallel layout comparison of tests/test_field_split.py, in a fresh process; not a test module.
+
+    python tests/_field_split_worker.py LAYOUT [LAYOUT ...]      # e.g. 1x4 2x2
+
+Runs the problem of tests/test_field_split.py on one device (``Vmap``) and on
+each ``SAMPLESxMODEL`` mesh layout of 4 forced CPU devices with the shipped
+compiler settings (the test session compiles at LLVM level 0, which keeps
+results but not the bitwise equality of different programs) and prints one
+JSON line: per layout, whether every array and the KL energy equal the
+one-device run bitwise.
+"""
+
+import json
+import os
+import sys
+
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+def main(layouts):
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", 4)
+    jax.config.update("jax_enable_x64", True)
+    import numpy as np
+    from test_field_split import one_device, run
+
+    from shardvi.parallel import ShardMap
+
+    ref, ref_kl = one_device()
+    out = {"nonzero": bool(any(np.any(np.asarray(r) != 0) for r in ref))}
+    for name in layouts:
+        samples, model = (int(v) for v in name.split("x"))
+        arrays, kl = run(ShardMap(devices=jax.devices()[: samples * model], model_shards=model))
+        same = kl == ref_kl and all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(arrays, ref))
+        out[name] = bool(same)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
