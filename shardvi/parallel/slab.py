@@ -86,26 +86,37 @@ def slab_fftn(x, axes: Sequence[int] | None = None, *, axis_name: str | None = N
         mapped over here.
     """
     ax = normalize_axes(jnp.ndim(x), axes)
-    if axis_name is None:
-        n_dev = 1
-    elif len(ax) < 2:
-        raise ValueError(
-            f"a slab transform needs at least 2 grid axes (got axes={ax}): a 1-D grid split over devices "
-            f"has no second axis to transpose into; transform it on one device (axis_name=None)"
-        )
-    else:
+    n_dev = 1
+    if axis_name is not None:
         n_dev = mapped_axis_size(axis_name)
-        if x.shape[ax[1]] % n_dev:
-            raise ValueError(
-                f"grid axis {ax[1]} has {x.shape[ax[1]]} entries, not divisible by the {n_dev} devices along "
-                f"{axis_name!r}: the slab transform splits it over them (pick a grid shape whose first two "
-                f"axes the device count divides)"
-            )
+        _check_split(x, ax, n_dev, axis_name)
     if not inverse:
         return _forward(x, ax, axis_name, n_dev)
     # the inverse from the same forward transform (both layouts alike): conj(F conj(x)) / N
     n = math.prod(x.shape[a] for a in ax) * n_dev
     return jnp.conj(_forward(jnp.conj(x), ax, axis_name, n_dev)) / n
+
+
+def _check_split(x, ax, n_dev, axis_name):
+    """``ValueError`` unless a slab split along ``ax[0]`` can be transposed into ``ax[1]`` over ``n_dev`` devices."""
+    if len(ax) < 2:
+        raise ValueError(
+            f"a slab transform needs at least 2 grid axes (got axes={ax}): a 1-D grid split over devices "
+            f"has no second axis to transpose into; transform it on one device (axis_name=None)"
+        )
+    if x.shape[ax[1]] % n_dev:
+        raise ValueError(
+            f"grid axis {ax[1]} has {x.shape[ax[1]]} entries, not divisible by the {n_dev} devices along "
+            f"{axis_name!r}: the slab transform splits it over them (pick a grid shape whose first two "
+            f"axes the device count divides)"
+        )
+
+
+def _real(x):
+    x = jnp.asarray(x)
+    if jnp.iscomplexobj(x):
+        raise TypeError("hartley expects a real array")
+    return x
 
 
 def _forward(x, ax, axis_name, n_dev):
@@ -121,9 +132,7 @@ def slab_hartley(x, axes: Sequence[int] | None = None, *, axis_name: str | None 
     axis ``axis_name`` (``None``: the whole grid is local). Real in, real out, same
     shape and dtype; applied twice it gives ``N x`` (``N`` the number of grid pixels).
     """
-    x = jnp.asarray(x)
-    if jnp.iscomplexobj(x):
-        raise TypeError("hartley expects a real array")
+    x = _real(x)
     y = slab_fftn(x.astype(jnp.result_type(x.dtype, jnp.complex64)), axes, axis_name=axis_name)
     return (y.real + y.imag).astype(x.dtype)
 
@@ -135,16 +144,8 @@ def layout_hartley(x, layout, axes: Sequence[int] | None = None):
     device (``layout.axis`` None): their JVP and transpose are then the same programs on every
     layout, bitwise (the one-device ``fftn`` is bitwise the passes forward, not in its transpose).
     """
-    x = jnp.asarray(x)
-    if jnp.iscomplexobj(x):
-        raise TypeError("hartley expects a real array")
+    x = _real(x)
     ax = normalize_axes(jnp.ndim(x), axes)
-    if len(ax) < 2:
-        raise ValueError(f"a grid split into slabs needs at least 2 grid axes, got axes={ax}")
-    if x.shape[ax[1]] % layout.shards:
-        raise ValueError(
-            f"grid axis {ax[1]} has {x.shape[ax[1]]} entries, not divisible by the {layout.shards} devices "
-            f"along the model axis (the slab transform splits it over them)"
-        )
+    _check_split(x, ax, layout.shards, layout.axis)
     y = slab_passes(x.astype(jnp.result_type(x.dtype, jnp.complex64)), ax, layout.axis, layout.shards)
     return (y.real + y.imag).astype(x.dtype)
