@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _model_parallel_problem import run_layout
 
 import shardvi as sv
 from shardvi.parallel import JitSharding, ShardMap, Vmap
@@ -57,21 +58,9 @@ def split_likelihood(blocks=4):
 
 
 def run(strategy):
-    lh = split_likelihood()
-    samples, state = sv.optimize_kl(
-        lh,
-        problem()[3],
-        key=jax.random.PRNGKey(0),
-        n_total_iterations=1,
-        n_samples=2,
-        sample_mode="nonlinear_resample",  # MGVI draws, their geoVI update and the KL minimization
-        nonlinear_update=sv.NewtonCGConfig(xtol=0, maxiter=2),
-        kl_minimization=sv.NewtonCGConfig(xtol=0, maxiter=2),
-        sample_map=strategy,
-        kl_map=strategy,
-        progress=False,
-    )
-    return jax.tree.leaves((samples.pos, samples.residuals)), state.history[0].kl_energy
+    """One MGVI + geoVI + KL iteration (the model-parallel tests' :func:`run_layout`): (arrays, KL energy)."""
+    arrays, kl, _ = run_layout(split_likelihood(), problem()[3], strategy)
+    return arrays, kl[0]
 
 
 @functools.cache
