@@ -33,11 +33,12 @@ _SUBMODULES = (
 
 # top-level name -> submodule that defines it (add new exports here and in the TYPE_CHECKING block)
 _EXPORTS = {
-    "minimizers": ("CGConfig", "Minimizer", "NewtonCGConfig", "OptaxConfig"),
+    "minimizers": ("CGConfig", "Minimizer", "NewtonCGConfig", "OptaxConfig", "TrustRegionConfig"),
     "module": ("Module",),
     "models": (
         "CorrelatedField",
         "CorrelatedFieldMaker",
+        "IntegratedWienerProcess",
         "InvGamma",
         "Laplace",
         "LogNormal",
@@ -45,14 +46,17 @@ _EXPORTS = {
         "Model",
         "NUFFTResponse",
         "Normal",
+        "OrnsteinUhlenbeckProcess",
         "Prior",
         "Sampling",
         "Uniform",
+        "WienerProcess",
         "prior_model",
     ),
     "vi": (
         "BlockedLikelihood",
         "CheckpointError",
+        "EvidenceLowerBound",
         "Gaussian",
         "IterationReport",
         "Likelihood",
@@ -65,13 +69,17 @@ _EXPORTS = {
         "Samples",
         "StudentT",
         "VariableCovarianceGaussian",
+        "VariableCovarianceStudentT",
+        "WienerFilterInfo",
         "draw_linear_residual",
+        "estimate_evidence_lower_bound",
         "load_checkpoint",
         "minisanity",
         "nonlinearly_update_residual",
         "optimize_kl",
         "residual_stats",
         "save_checkpoint",
+        "wiener_filter_posterior",
     ),
 }
 _ORIGIN = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -80,10 +88,11 @@ __all__ = sorted(_ORIGIN) + list(_SUBMODULES)
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real imports
     from . import compilation, compile_cache, examples, minimizers, models, parallel, plot, tree_math, vi  # noqa: F401
-    from .minimizers import CGConfig, Minimizer, NewtonCGConfig, OptaxConfig  # noqa: F401
+    from .minimizers import CGConfig, Minimizer, NewtonCGConfig, OptaxConfig, TrustRegionConfig  # noqa: F401
     from .models import (  # noqa: F401
         CorrelatedField,
         CorrelatedFieldMaker,
+        IntegratedWienerProcess,
         InvGamma,
         Laplace,
         LogNormal,
@@ -91,15 +100,18 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real imports
         Model,
         Normal,
         NUFFTResponse,
+        OrnsteinUhlenbeckProcess,
         Prior,
         Sampling,
         Uniform,
+        WienerProcess,
         prior_model,
     )
     from .module import Module  # noqa: F401
     from .vi import (  # noqa: F401
         BlockedLikelihood,
         CheckpointError,
+        EvidenceLowerBound,
         Gaussian,
         IterationReport,
         Likelihood,
@@ -112,13 +124,17 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real imports
         Samples,
         StudentT,
         VariableCovarianceGaussian,
+        VariableCovarianceStudentT,
+        WienerFilterInfo,
         draw_linear_residual,
+        estimate_evidence_lower_bound,
         load_checkpoint,
         minisanity,
         nonlinearly_update_residual,
         optimize_kl,
         residual_stats,
         save_checkpoint,
+        wiener_filter_posterior,
     )
 
 

@@ -178,6 +178,9 @@ class Module:
             raise AttributeError(
                 f"{type(self).__name__} is immutable: cannot set {name!r} after construction (build a new one)"
             )
+        # during __init__ the object may have been flattened already (e.g. traced by jax.eval_shape to find
+        # its output shapes): the layout read then must not miss the attributes set after it
+        self.__dict__.pop(_LAYOUT, None)
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name):

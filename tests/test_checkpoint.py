@@ -5,6 +5,7 @@ import fcntl
 import hashlib
 import json
 import os
+import pathlib
 import select
 import signal
 import socket
@@ -65,6 +66,30 @@ def test_resume_is_bitwise_equal(tmp_path):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(np.asarray(st_straight.key), np.asarray(st_resumed.key))
     assert [r.kl_energy for r in st_straight.history] == [r.kl_energy for r in st_resumed.history]
+
+
+@pytest.mark.slow
+def test_resume_from_a_path(tmp_path):
+    """resume='dir' (NIFTy.re's spelling): into another checkpoint_dir, the source untouched; or in place."""
+    lh = make_lh()
+    key = jax.random.PRNGKey(9)
+    src = str(tmp_path / "run1")
+    sv.optimize_kl(lh, pos0(), key=key, n_total_iterations=1, checkpoint_dir=src, **KW)
+    before = {f: os.stat(os.path.join(src, f)).st_mtime_ns for f in os.listdir(src)}
+    other = tmp_path / "run2"
+    cont, st = sv.optimize_kl(lh, pos0(), key=key, n_total_iterations=2, checkpoint_dir=other, resume=src, **KW)
+    assert st.nit == 2 and len(st.history) == 2
+    assert {f: os.stat(os.path.join(src, f)).st_mtime_ns for f in os.listdir(src)} == before  # only read
+    # in place, named by a file of the checkpoint: the same continuation, bitwise
+    index = os.path.join(src, "latest.json")
+    again, st2 = sv.optimize_kl(lh, pos0(), key=key, n_total_iterations=2, resume=pathlib.Path(index), **KW)
+    assert st2.nit == 2
+    for a, b in zip(leaves(cont), leaves(again)):
+        np.testing.assert_array_equal(a, b)
+    assert sv.vi.checkpoint.read_index(src)["nit"] == 2 and sv.vi.checkpoint.read_index(other)["nit"] == 2
+    # a target holding another checkpoint is not replaced without overwrite=True
+    with pytest.raises(sv.CheckpointError, match="overwrite"):
+        sv.optimize_kl(lh, pos0(), key=key, n_total_iterations=3, checkpoint_dir=other, resume=src, **KW)
 
 
 @pytest.mark.slow
@@ -268,8 +293,8 @@ def test_overwrite_replaces_only_the_old_runs_files(tmp_path):
 
 
 RESUME_ARGS = [
-    ("resume string", dict(resume="yes"), ValueError, "resume must be False, True or 'force'"),
-    ("resume int", dict(resume=1), TypeError, "resume must be False, True or 'force'"),
+    ("resume path without checkpoint", dict(resume="no-such-dir"), ValueError, "holds no checkpoint"),
+    ("resume int", dict(resume=1), TypeError, "resume must be False, True, 'force' or the path"),
     ("overwrite type", dict(overwrite="yes"), TypeError, "overwrite must be a bool"),
     ("resume and overwrite", dict(resume=True, overwrite=True), ValueError, "resume and overwrite"),
     (

@@ -124,6 +124,16 @@ def test_radio_imaging(tmp_path, capsys):
     assert_pngs(tmp_path, ["reconstruction.png", "samples.png", "uv_coverage.png", "convergence.png"])
 
 
+def test_model_comparison_picks_the_true_prior(tmp_path, capsys):
+    demo = load("model_comparison")
+    argv = ["--npix", "48", "--n-samples", "6", "--iterations", "1", "--quiet", "--output", str(tmp_path)]
+    status = demo.main(argv)
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert number(r"the ELBO picks k0 = ([0-9.]+)", out) == demo.TRUE_K0
+    assert_pngs(tmp_path, ["model_comparison.png"])
+
+
 @pytest.mark.product_compiler  # two different programs, bitwise (tests/conftest.py)
 @pytest.mark.slow
 def test_multi_device_comparison_is_bitwise(tmp_path, capsys):
@@ -184,7 +194,13 @@ def test_bad_flags_name_the_argument(name, argv, flag, tmp_path):
 COMMON_FLAGS = ("--n-samples", "--iterations", "--strategy", "--devices", "--seed", "--output", "--quiet")
 SCRIPTS = [
     [os.path.join("demos", f"{name}.py")]
-    for name in ("correlated_field_2d", "radio_imaging", "multi_device_comparison", "wiener_filter_1d")
+    for name in (
+        "correlated_field_2d",
+        "radio_imaging",
+        "multi_device_comparison",
+        "wiener_filter_1d",
+        "model_comparison",
+    )
 ]
 
 

@@ -727,7 +727,12 @@ BAD = [
     ("student nan data", lambda: sv.StudentT(np.array([np.nan]), 3.0, 1.0), ValueError, "data"),
     ("student complex", lambda: sv.StudentT(np.ones(2) * 1j, 3.0, 1.0), TypeError, "real"),
     ("vcg nan", lambda: sv.VariableCovarianceGaussian(np.array([0.0, np.inf])), ValueError, "data"),
-    ("vcg pytree", lambda: sv.VariableCovarianceGaussian({"a": np.ones(2)}), TypeError, "one real array"),
+    (
+        "vcg complex leaf",
+        lambda: sv.VariableCovarianceGaussian({"a": np.ones(2), "b": 1j * np.ones(2)}),
+        TypeError,
+        "real",
+    ),
     ("empty data", lambda: sv.Gaussian({}, noise_std=1.0), ValueError, "data"),
 ]
 

@@ -75,6 +75,9 @@ def test_correlated_field_grids_and_nufft_points_are_leaves():
     g = cf.grids[0]
     for a in (g.mode_lengths, g.power_index, g.multiplicity, g.log_mode_lengths):
         assert _contains(leaves, a)
+    # rebuilt from its leaves it keeps every attribute, those set after __init__ traced it (target) too
+    rebuilt = jtu.tree_map(lambda x: x, cf)
+    assert set(vars(rebuilt)) == set(vars(cf)) and rebuilt.target == cf.target
     u, v = RNG.normal(size=7), RNG.normal(size=7)
     resp = sv.NUFFTResponse(u, v, (8, 6), 0.01)
     assert _contains(jtu.tree_leaves(resp), u) and _contains(jtu.tree_leaves(resp), v)

@@ -13,8 +13,8 @@ __all__ = ["Minimizer", "check_minimizer"]
 class Minimizer(abc.ABC):
     """A jittable minimizer of a smooth objective, configured by its (frozen) fields.
 
-    Subclasses implement :meth:`minimize`; :class:`~shardvi.NewtonCGConfig` and
-    :class:`~shardvi.OptaxConfig` are the built-in ones, and any subclass can be
+    Subclasses implement :meth:`minimize`; :class:`~shardvi.NewtonCGConfig`,
+    :class:`~shardvi.TrustRegionConfig` and :class:`~shardvi.OptaxConfig` are the built-in ones, and any subclass can be
     passed as ``kl_minimization`` to :func:`~shardvi.optimize_kl`.
 
     Notes
@@ -93,7 +93,7 @@ def check_minimizer(value, argname: str, params=None) -> Minimizer:
     if not isinstance(value, Minimizer):
         raise TypeError(
             f"{argname} must be a shardvi.minimizers.Minimizer (e.g. NewtonCGConfig(...), "
-            f"OptaxConfig(...)), got {type(value).__name__}"
+            f"TrustRegionConfig(...), OptaxConfig(...)), got {type(value).__name__}"
         )
     try:
         hash(value)

@@ -7,6 +7,15 @@ from .correlated_field import (
     MaternAmplitude,
     NonParametricAmplitude,
 )
+from .gauss_markov import (
+    IntegratedWienerProcess,
+    OrnsteinUhlenbeckProcess,
+    WienerProcess,
+    discrete_gauss_markov,
+    integrated_wiener_process,
+    ornstein_uhlenbeck_process,
+    wiener_process,
+)
 from .harmonic import RegularGrid, harmonic_to_position, hartley, position_to_harmonic, power_analyze
 from .model import Model
 from .nufft import match_vma, nufft2d_type1, nufft2d_type2
@@ -47,4 +56,13 @@ __all__ += [
     "harmonic_to_position",
     "position_to_harmonic",
     "power_analyze",
+]
+__all__ += [
+    "WienerProcess",
+    "IntegratedWienerProcess",
+    "OrnsteinUhlenbeckProcess",
+    "discrete_gauss_markov",
+    "wiener_process",
+    "integrated_wiener_process",
+    "ornstein_uhlenbeck_process",
 ]

@@ -66,11 +66,13 @@ try:  # jax internals; without them the rewrite cannot be applied (a Reproducibi
     from jax._src.lax.lax import div_p as _div_p
     from jax._src.lax.lax import mul_p as _mul_p
     from jax._src.lax.lax import optimization_barrier_p as _barrier_p
+    from jax._src.lax.lax import rsqrt_p as _rsqrt_p
+    from jax._src.lax.lax import sqrt_p as _sqrt_p
 
     _IMPORT_ERROR = None
 except ImportError as _err:  # pragma: no cover - depends on the jax version
     # typed Any: the helpers below use them only after _rewrite has checked `_core is not None`
-    _core = _barrier_p = _div_p = _mul_p = cast(Any, None)
+    _core = _barrier_p = _div_p = _mul_p = _rsqrt_p = _sqrt_p = cast(Any, None)
     _IMPORT_ERROR = f"{type(_err).__name__}: {_err}"
 
 __all__ = [
@@ -81,6 +83,7 @@ __all__ = [
     "check_compiler_options",
     "check_jax_version",
     "engine_compiler_options",
+    "engine_options_key",
     "option_supported",
     "opaque_constants",
     "opaque_per_sample",
@@ -171,6 +174,11 @@ def engine_compiler_options(extra=None, platform: str | None = None) -> dict:
     return {**defaults, **(extra or {})}
 
 
+def engine_options_key(platform: str | None = None) -> tuple:
+    """:func:`engine_compiler_options` as a hashable key: reuse a compiled step only under the same options."""
+    return tuple(sorted((k, str(v)) for k, v in engine_compiler_options(None, platform).items()))
+
+
 def check_compiler_options(options, argname: str = "compiler_options") -> dict:
     """Validate extra XLA options for the engine steps; return them as a new dict.
 
@@ -246,9 +254,19 @@ def _reciprocal_multiply(eqn, a, b):
     ]
 
 
+def _rsqrt_multiply(eqn, a, y):
+    """Eqns for ``a * rsqrt(y)`` replacing ``a / sqrt(y)`` (same outvar)."""
+    r = _core.Var(y.aval)
+    return [
+        _core.new_jaxpr_eqn([y], [r], _rsqrt_p, {"accuracy": None}, _core.no_effects),
+        eqn.replace(invars=[a, r], primitive=_mul_p, params={}),
+    ]
+
+
 def _rewrite_jaxpr(jaxpr):
     eqns = []
     subst = {}
+    sqrt_of = {}  # outvar of a sqrt in this jaxpr -> its operand
     for v in jaxpr.constvars:
         if _inexact(v.aval):
             nv, eqn = _barrier_eqn(v, v.aval)
@@ -272,6 +290,13 @@ def _rewrite_jaxpr(jaxpr):
             # not in others (depending on b's users); do it here, the same way everywhere
             eqns.extend(_reciprocal_multiply(eqn, invars[0], invars[1]))
             continue
+        if eqn.primitive is _div_p and _inexact(eqn.outvars[0].aval) and invars[1] in sqrt_of:
+            # x / sqrt(y): XLA's simplifier makes it x * rsqrt(y) in some programs (one device) and not in
+            # others (a GSPMD-partitioned one); write the rsqrt form here, the same way everywhere
+            eqns.extend(_rsqrt_multiply(eqn, invars[0], sqrt_of[invars[1]]))
+            continue
+        if eqn.primitive is _sqrt_p and _inexact(eqn.outvars[0].aval):
+            sqrt_of[eqn.outvars[0]] = invars[0]
         eqns.append(eqn.replace(invars=invars, params=params))
     outvars = [x if isinstance(x, _core.Literal) else subst.get(x, x) for x in jaxpr.outvars]
     return jaxpr.replace(eqns=eqns, outvars=outvars)

@@ -162,6 +162,12 @@ class BlockedLikelihood(Likelihood):
         self.data_domain = likelihood.domain
         self._has_transformation = likelihood.has_transformation
         self._has_normalized_residual = likelihood.has_normalized_residual
+        # entries of the normalized residual per datum (a variable-covariance likelihood's signal is (mean, std):
+        # twice the data's entries, its residual has the data's)
+        out = likelihood.domain
+        if likelihood.has_normalized_residual:
+            out = jax.eval_shape(likelihood.normalized_residual, likelihood.domain)
+        self._residual_per_datum = sum(math.prod(d.shape) for d in jtu.tree_leaves(out)) // n
         self._likelihood_type = type(likelihood).__name__
 
     def __repr__(self):
@@ -290,8 +296,8 @@ class BlockedLikelihood(Likelihood):
 
     @property
     def chi2_sum_dof(self) -> int:
-        """Entries of the data (the degrees of freedom of :meth:`chi2_sum`)."""
-        return sum(math.prod(d.shape) for d in jtu.tree_leaves(self.data_domain))
+        """Entries of the normalized residual (the degrees of freedom of :meth:`chi2_sum`)."""
+        return self._residual_per_datum * self.n_data
 
     @property
     def has_transformation(self) -> bool:

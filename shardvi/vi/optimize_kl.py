@@ -17,6 +17,7 @@ from jax import tree_util as jtu
 from .. import tree_math as tm
 from ..compile_cache import persistent_compilation_cache
 from ..minimizers.config import CGConfig, NewtonCGConfig
+from ..minimizers.minimizer import Minimizer
 from ..minimizers.solution import Solution
 from ..models.model import check_latent
 from ..parallel.mesh import check_devices
@@ -52,6 +53,8 @@ from .settings import (
     check_resume,
     check_run_arguments,
     raw_key,
+    resume_source,
+    same_dir,
     settings_at,
 )
 from .state import OptimizeVIState
@@ -142,7 +145,7 @@ class OptimizeVI:
         constants=(),
         linear_sampling=DEFAULT_LINEAR_SAMPLING,
         nonlinear_update=DEFAULT_NONLINEAR_UPDATE,
-        kl_minimization=DEFAULT_KL_MINIMIZATION,
+        kl_minimization: Minimizer | Callable[[int], Minimizer] = DEFAULT_KL_MINIMIZATION,
         sample_map: str | Strategy = "vmap",
         kl_map: str | Strategy = "vmap",
         devices=None,
@@ -518,7 +521,7 @@ def optimize_kl(
     constants=(),
     linear_sampling=DEFAULT_LINEAR_SAMPLING,
     nonlinear_update=DEFAULT_NONLINEAR_UPDATE,
-    kl_minimization=DEFAULT_KL_MINIMIZATION,
+    kl_minimization: Minimizer | Callable[[int], Minimizer] = DEFAULT_KL_MINIMIZATION,
     sample_map: str | Strategy = "vmap",
     kl_map: str | Strategy = "vmap",
     devices=None,
@@ -556,8 +559,10 @@ def optimize_kl(
         CG for the MGVI solve ``M r = y``.
     nonlinear_update : NewtonCGConfig or callable
         Newton-CG of the geoVI update.
-    kl_minimization : NewtonCGConfig, OptaxConfig or callable
-        Minimizer of the sample-averaged KL.
+    kl_minimization : Minimizer or callable
+        Minimizer of the sample-averaged KL: ``NewtonCGConfig`` (line search),
+        ``TrustRegionConfig`` (Steihaug trust region), ``OptaxConfig`` or any
+        :class:`~shardvi.minimizers.Minimizer`.
     sample_map, kl_map : str or strategy
         How samples are mapped (``"vmap"``, ``"lax_map"``, multi-device
         strategies, or a :mod:`shardvi.parallel` strategy object).
@@ -572,9 +577,14 @@ def optimize_kl(
         "Checkpoints"). Checked before iteration 0 (created if missing; must
         be a writable directory) and locked for the whole run: a second run
         on it raises :class:`CheckpointError` naming the lock's holder.
-    resume : bool or ``"force"``
+    resume : bool, ``"force"`` or path
         ``True``: continue from the checkpoint in ``checkpoint_dir`` if there
-        is one (else start fresh). It must belong to this run: the same
+        is one (else start fresh). A path (``resume="out/run1"``, as NIFTy.re
+        users write it; a file of the checkpoint names its directory):
+        continue the checkpoint there, which must exist, and write the
+        continued run's checkpoints to ``checkpoint_dir``, by default that
+        same directory (another ``checkpoint_dir`` leaves the source
+        untouched, not even locked: it may be a read-only archive). It must belong to this run: the same
         likelihood (kind, data and noise, model output shapes), latent
         structure, ``mirror_samples``, ``point_estimates``, ``constants``,
         and ``n_samples`` / ``sample_mode`` of the completed iterations;
@@ -667,12 +677,26 @@ def optimize_kl(
         if samples is None:
             samples = Samples(pos, jtu.tree_map(_no_samples, pos), None)
         state = opt.init_state(key)
+        source = resume_source(resume)
+        if source is not None and checkpoint_dir is None:
+            checkpoint_dir = source  # resume='dir' continues the run there
         if checkpoint_dir is None:
             return opt.run(samples, state, callback=callback)
         directory = ckpt.prepare_checkpoint_dir(checkpoint_dir)  # before iteration 0: created and writable
         fingerprint = _run_fingerprint(opt, pos)
         with ckpt.checkpoint_lock(directory):  # held until the run ends (or raises)
-            if ckpt.has_checkpoint(directory):
+            if source is not None:
+                if not same_dir(source, directory) and ckpt.has_checkpoint(directory) and not overwrite:
+                    raise ckpt.CheckpointError(
+                        f"checkpoint_dir {directory!r} already holds a checkpoint; resume={source!r} would write "
+                        "the continued run over it: pass overwrite=True to replace it, or another checkpoint_dir"
+                    )
+                # the source is only read (no lock file there: it may be a read-only archive)
+                samples, state = ckpt.load_checkpoint(
+                    source, pos, fingerprint=fingerprint, check_history=functools.partial(_history_differences, opt)
+                )
+                logger.info("resuming from %s at iteration %d, writing to %s", source, state.nit, directory)
+            elif ckpt.has_checkpoint(directory):
                 if resume:
                     samples, state = ckpt.load_checkpoint(
                         directory,

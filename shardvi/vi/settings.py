@@ -7,6 +7,7 @@ one iteration.
 
 from __future__ import annotations
 
+import os
 from typing import Any, NamedTuple
 
 import jax
@@ -29,6 +30,8 @@ __all__ = [
     "check_n_samples",
     "check_real_domain",
     "check_resume",
+    "resume_source",
+    "same_dir",
     "check_run_arguments",
     "check_type",
     "raw_key",
@@ -199,14 +202,41 @@ def settings_at(
     return IterationSettings(mode, n, lin, nonlin, klc)
 
 
+def resume_source(resume) -> str | None:
+    """The directory ``resume`` names (``resume=path``), or ``None`` for ``False``/``True``/``"force"``.
+
+    A path to a file of a checkpoint (its ``latest.json`` or an ``npz``) names its directory.
+    """
+    if isinstance(resume, bool) or (isinstance(resume, str) and resume == "force"):
+        return None
+    path = ckpt.check_path(resume, "resume")
+    return os.path.dirname(os.path.abspath(path)) if os.path.isfile(path) else path
+
+
 def check_resume(resume, overwrite, checkpoint_dir) -> None:
     """``resume`` / ``overwrite`` / ``checkpoint_dir`` of :func:`~shardvi.vi.optimize_kl.optimize_kl` agree."""
-    if not (isinstance(resume, bool) or (isinstance(resume, str) and resume == "force")):
-        if isinstance(resume, str):
-            raise ValueError(f"resume must be False, True or 'force', got {resume!r}")
-        raise TypeError(f"resume must be False, True or 'force', got {type(resume).__name__}")
+    if not isinstance(resume, (bool, str, bytes, os.PathLike)):
+        raise TypeError(
+            f"resume must be False, True, 'force' or the path of a checkpoint directory, got {type(resume).__name__}"
+        )
     if not isinstance(overwrite, bool):
         raise TypeError(f"overwrite must be a bool, got {type(overwrite).__name__}")
+    source = resume_source(resume)  # a path: checked (non-empty)
+    if source is not None:
+        if not ckpt.has_checkpoint(source):
+            raise ckpt.CheckpointError(
+                f"resume={source!r}: that directory holds no checkpoint (no index file "
+                "there); resume=True with checkpoint_dir starts fresh where there is none"
+            )
+        if checkpoint_dir is None or same_dir(source, checkpoint_dir):
+            if overwrite:
+                raise ValueError(
+                    f"resume={resume!r} continues the checkpoint there and overwrite=True would discard it; "
+                    "pass one of them (or another checkpoint_dir to write the continued run to)"
+                )
+        else:
+            ckpt.check_path(checkpoint_dir, "checkpoint_dir")
+        return
     if resume and overwrite:
         raise ValueError(
             "resume and overwrite exclude each other: resume=True continues the checkpoint in "
@@ -214,8 +244,17 @@ def check_resume(resume, overwrite, checkpoint_dir) -> None:
         )
     if checkpoint_dir is None:
         if resume:
-            raise ValueError(f"resume={resume!r} needs checkpoint_dir")
+            raise ValueError(f"resume={resume!r} needs checkpoint_dir (or give the directory: resume='path/to/dir')")
         if overwrite:
             raise ValueError("overwrite=True needs checkpoint_dir")
         return
     ckpt.check_path(checkpoint_dir, "checkpoint_dir")
+
+
+def same_dir(a, b) -> bool:
+    """Whether paths ``a`` and ``b`` name the same directory (the same file if both exist, else the same path)."""
+    a, b = os.fsdecode(os.fspath(a)), os.fsdecode(os.fspath(b))
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)

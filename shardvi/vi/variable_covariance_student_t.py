@@ -1,0 +1,110 @@
+"""Student-t likelihood whose scale is inferred (robust to outliers, noise level unknown)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import tree_util as jtu
+
+from ._checks import positive_like, to_device
+from .likelihood import Likelihood
+from .variable_covariance import leaf_sum, mean_std_domain, real_data
+
+__all__ = ["VariableCovarianceStudentT"]
+
+
+class VariableCovarianceStudentT(Likelihood):
+    """Student-t likelihood with signal ``s = (mean, std)`` and ``dof`` degrees of freedom.
+
+    The data are ``d = mean + std * t_dof`` (``std`` is the Student-t scale,
+    not its standard deviation). Energy, ``-log p`` up to a data-independent
+    constant::
+
+        H = sum((dof + 1)/2 * log(1 + ((d - mean)/std)^2 / dof) + log(std))
+
+    The Fisher metric per datum with respect to ``(mean, std)`` is diagonal,
+    ``F_mm = (dof + 1) / ((dof + 3) std^2)``, ``F_ss = 2 dof / ((dof + 3) std^2)``,
+    and is applied exactly, as is its square root ``diag(sqrt(F_mm), sqrt(F_ss))``
+    (the metric samples). The geoVI transformation
+    ``T = (sqrt((dof + 1)/(dof + 3)) mean/std, sqrt(2 dof/(dof + 3)) log(std))``
+    reproduces it only up to the mean-std cross terms, as for
+    :class:`~shardvi.VariableCovarianceGaussian` (its ``dof -> inf`` limit):
+    with ``a^2 = (dof + 1)/(dof + 3)``, ``(dT/ds)^T (dT/ds)`` has the
+    off-diagonal ``-a^2 mean/std^3`` and adds ``a^2 mean^2/std^4`` to the std
+    entry; both vanish where ``mean`` is small relative to ``std``.
+
+    ``dof`` is fixed at construction (as in NIFTy.re's
+    ``VariableCovarianceStudentT``); to infer it, write a likelihood whose
+    model also outputs it.
+
+    Parameters
+    ----------
+    data : array or pytree of arrays
+        Real data ``d``. The model outputs the 2-tuple ``(mean, std)``, each
+        with exactly the data's structure and shapes, with ``std > 0``.
+    dof : float, array or pytree
+        Degrees of freedom, > 0: a scalar or an array broadcast to every data
+        leaf, or a pytree with the data's structure.
+
+    Attributes
+    ----------
+    data, dof : pytree of jax.Array
+        The data and ``dof`` broadcast to the data's leaves (pytree leaves of
+        the likelihood, per datum: a blocked likelihood cuts them with the data).
+    fisher_sqrt_mean, fisher_sqrt_std : pytree of jax.Array
+        ``sqrt((dof + 1)/(dof + 3))`` and ``sqrt(2 dof/(dof + 3))``: ``std``
+        times the square roots of ``F_mm`` and ``F_ss``.
+
+    Notes
+    -----
+    :meth:`normalized_residual` is ``(d - mean)/std``, like
+    :class:`~shardvi.StudentT`'s; NIFTy.re multiplies it by ``sqrt((dof + 1)/(dof + 3))``.
+    """
+
+    def __init__(self, data, dof):
+        d = real_data(data, "VariableCovarianceStudentT")
+        nu_host = positive_like(dof, d, "dof")
+        self.data = d
+        self.dof = to_device(nu_host)
+        # in NumPy on the host, like the checks (no eager XLA programs)
+        self.fisher_sqrt_mean = to_device(jtu.tree_map(lambda n: np.sqrt((n + 1) / (n + 3)), nu_host))
+        self.fisher_sqrt_std = to_device(jtu.tree_map(lambda n: np.sqrt(2 * n / (n + 3)), nu_host))
+        dom = mean_std_domain(d)
+        self.set_domain(dom, lsm_tangents_shape=dom)
+
+    def energy(self, s):
+        mean, std = s
+
+        def one(d, n, m, sg):
+            return jnp.sum(0.5 * (n + 1) * jnp.log1p(((d - m) / sg) ** 2 / n) + jnp.log(sg))
+
+        return leaf_sum(one, self.data, self.dof, mean, std)
+
+    def transformation(self, s):
+        mean, std = s
+        return (
+            jtu.tree_map(lambda f, m, sg: f * (m / sg), self.fisher_sqrt_mean, mean, std),
+            jtu.tree_map(lambda f, sg: f * jnp.log(sg), self.fisher_sqrt_std, std),
+        )
+
+    def metric(self, s, t):
+        std = s[1]
+        return (
+            jtu.tree_map(lambda f, ti, sg: (f / sg) ** 2 * ti, self.fisher_sqrt_mean, t[0], std),
+            jtu.tree_map(lambda f, ti, sg: (f / sg) ** 2 * ti, self.fisher_sqrt_std, t[1], std),
+        )
+
+    def left_sqrt_metric(self, s, e):
+        std = s[1]
+        return (
+            jtu.tree_map(lambda f, ei, sg: (f / sg) * ei, self.fisher_sqrt_mean, e[0], std),
+            jtu.tree_map(lambda f, ei, sg: (f / sg) * ei, self.fisher_sqrt_std, e[1], std),
+        )
+
+    def normalized_residual(self, s):
+        mean, std = s
+        return jtu.tree_map(lambda d, m, sg: (d - m) / sg, self.data, mean, std)
+
+    @property
+    def data_leaves(self):
+        return {"VariableCovarianceStudentT": {"data": self.data, "dof": self.dof}}

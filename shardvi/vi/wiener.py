@@ -1,0 +1,308 @@
+"""The exact posterior of a linear-Gaussian problem: :func:`wiener_filter_posterior`.
+
+With a model affine in the latent, ``s(xi) = s0 + R xi``, and Gaussian noise,
+the whitened response ``A = N^{-1/2} R`` (the Jacobian of the likelihood's
+transformation) and the whitened data ``y = N^{-1/2} (d - s0)`` define the
+posterior ``N(m, D)`` of ``xi ~ N(0, I)``::
+
+    D = (I + A^T A)^{-1},   m = D A^T y                    (signal space)
+      = I - A^T (I + A A^T)^{-1} A,   m = A^T (I + A A^T)^{-1} y   (data space)
+
+The samples are MGVI's with the same keys: ``r = D (A^T e1 + e2)`` with white
+``e1`` (data-like) and ``e2`` (latent), which is exactly ``N(0, D)`` here. In
+data space the same draw reads ``r = e2 + A^T (I + A A^T)^{-1} (e1 - A e2)``:
+both spaces give the same residuals up to the CG tolerance, and signal-space
+residuals are bitwise those of ``optimize_kl``'s linear samples at the same
+position and key. Data space pays when there are fewer data than latent
+parameters (its CG runs in the smaller space and converges in fewer steps).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import tree_util as jtu
+
+from .. import tree_math as tm
+from ..minimizers.cg import CGConfig, CGResult, cg_solve
+from ..minimizers.status import Status, status_message
+from ..models.model import check_latent
+from ..parallel.reproducible import engine_options_key, reproducible_jit
+from ..parallel.strategy import Placed, Strategy, get_strategy
+from .gaussian import Gaussian
+from .kl import hamiltonian, hamiltonian_metric_operator
+from .likelihood import AmendedLikelihood, Likelihood
+from .samples import Samples
+from .sampling import draw_linear_residual
+from .settings import raw_key
+
+__all__ = ["WienerFilterInfo", "wiener_filter_posterior"]
+
+SPACES = ("signal", "data")
+DEFAULT_CG = CGConfig(tol=1e-10, maxiter=10_000)
+
+
+class WienerFilterInfo(NamedTuple):
+    """How the solves of :func:`wiener_filter_posterior` went.
+
+    Attributes
+    ----------
+    space : {"signal", "data"}
+        The space the linear systems were solved in.
+    mean_nit : int
+        CG iterations of the posterior-mean solve.
+    mean_status : Status
+        Its status (``CONVERGED`` or why not).
+    sample_nit : tuple of int
+        CG iterations per sample pair.
+    sample_status : tuple of Status
+        Status per sample pair.
+    nonlinearity : float
+        ``|s(a + b) - s(a) - s(b) + s(0)|`` relative to the sizes of the four
+        terms, for two random latents: ~1e-16 (float64) for an affine model.
+    """
+
+    space: str
+    mean_nit: int
+    mean_status: Status
+    sample_nit: tuple
+    sample_status: tuple
+    nonlinearity: float
+
+    @property
+    def converged(self) -> bool:
+        """Whether the mean solve and every sample solve converged."""
+        return all(s is Status.CONVERGED for s in (self.mean_status, *self.sample_status))
+
+    @property
+    def message(self) -> str:
+        bad = [i for i, s in enumerate(self.sample_status) if s is not Status.CONVERGED]
+        parts = [f"mean ({self.space} space, {self.mean_nit} CG iterations): {status_message(self.mean_status)}"]
+        if bad:
+            parts.append(f"samples {bad}: {status_message(self.sample_status[bad[0]])}")
+        else:
+            parts.append(f"{len(self.sample_status)} sample pairs: converged")
+        return "; ".join(parts)
+
+
+def _check_likelihood(lh) -> None:
+    if not isinstance(lh, Likelihood):
+        raise TypeError(f"lh must be a shardvi Likelihood, got {type(lh).__name__}")
+    if getattr(lh, "field_split", False) or lh.blocked:
+        raise NotImplementedError(
+            f"wiener_filter_posterior does not take a {type(lh).__name__} (blocked data or a split field) yet: "
+            "amend the Gaussian without data_blocks/field_blocks"
+        )
+    if type(lh) is not AmendedLikelihood or not isinstance(lh.likelihood, Gaussian):
+        raise TypeError(
+            "wiener_filter_posterior needs a linear-Gaussian problem: lh = sv.Gaussian(...).amend(model) with a "
+            f"model affine in the latent; got {type(lh).__name__}"
+            + (f" of {type(lh.likelihood).__name__}" if isinstance(lh, AmendedLikelihood) else "")
+            + " (use sv.optimize_kl for other likelihoods)"
+        )
+
+
+@jax.jit
+def _defect(lik, a, b):
+    """``|s(a + b) - s(a) - s(b) + s(0)|`` relative to the four terms' norms."""
+    f = lik.model
+    parts = (f(tm.add(a, b)), f(a), f(b), f(tm.zeros_like(a)))
+    defect = tm.add(tm.sub(parts[0], parts[1]), tm.sub(parts[3], parts[2]))
+    scale = sum(tm.norm(p) for p in parts)
+    return tm.norm(defect) / jnp.maximum(scale, jnp.finfo(tm.leaf_dtype(a)).tiny)
+
+
+def _nonlinearity(lh: AmendedLikelihood) -> float:
+    """Relative size of ``s(a + b) - s(a) - s(b) + s(0)`` for two fixed random latents (0 for an affine model)."""
+    ka, kb = jax.random.split(jax.random.PRNGKey(20260511))
+    return float(_defect(lh, tm.random_like(ka, lh.domain), tm.random_like(kb, lh.domain)))
+
+
+def _tolerance(lh) -> float:
+    eps = float(jnp.finfo(tm.leaf_dtype(lh.domain)).eps)
+    return 1e3 * eps
+
+
+def _cg(matvec, b, x0, config: CGConfig, min_curvature: float) -> CGResult:
+    return cg_solve(
+        matvec,
+        b,
+        x0,
+        tol=config.tol,
+        resnorm=config.resnorm,
+        absdelta=config.absdelta,
+        miniter=config.miniter,
+        maxiter=config.maxiter,
+        name=config.name,
+        min_curvature=min_curvature,
+    )
+
+
+def _whitened(lh: AmendedLikelihood, pos):
+    """``(y, A, A^T)``: whitened data ``y = N^{-1/2}(d - s0)`` and the whitened response and its adjoint."""
+    _, a_op, a_adj = tm.linearize_with_adjoint(lh.transformation, pos)
+    y = tm.add(lh.normalized_residual(pos), a_op(pos))  # N^{-1/2}(d - s(pos)) + A pos
+    return y, a_op, a_adj
+
+
+def _data_space_solver(a_op, a_adj, config):
+    """``w -> (I + A A^T)^{-1} w`` by CG (its CGResult)."""
+    return lambda w: _cg(lambda v: tm.add(v, a_op(a_adj(v))), w, None, config, 1.0)
+
+
+def _mean_signal(lh, pos, config):
+    g = jax.grad(hamiltonian, argnums=1)(lh, pos)
+    res = _cg(hamiltonian_metric_operator(lh, pos), g, None, config, 1.0)
+    return tm.sub(pos, res.x), res.nit, res.status
+
+
+def _mean_data(lh, pos, config):
+    y, a_op, a_adj = _whitened(lh, pos)
+    res = _data_space_solver(a_op, a_adj, config)(y)
+    return a_adj(res.x), res.nit, res.status
+
+
+def _draw_data(lh, mean, key, config):
+    """``r = e2 + A^T (I + A A^T)^{-1} (e1 - A e2)``: MGVI's draw from ``key`` (same ``e1``, ``e2``), in data space."""
+    _, a_op, a_adj = _whitened(lh, mean)
+    k1, k2 = jax.random.split(key)
+    e2 = tm.random_like(k2, lh.domain)
+    e1 = tm.random_like(k1, lh.lsm_tangents_shape)
+    res = _data_space_solver(a_op, a_adj, config)(tm.sub(e1, a_op(e2)))
+    return tm.add(e2, a_adj(res.x)), res.nit, res.status
+
+
+def _draw_signal(lh, mean, key, config):
+    r, res = draw_linear_residual(lh, mean, key, config)
+    return r, res.nit, res.status
+
+
+def _interleave(r):
+    return jtu.tree_map(lambda x: jnp.stack([x, -x], axis=1).reshape((-1,) + x.shape[1:]), r)
+
+
+_MEAN = {
+    "signal": jax.jit(_mean_signal, static_argnames="config"),
+    "data": jax.jit(_mean_data, static_argnames="config"),
+}
+
+
+@functools.lru_cache(maxsize=32)
+def _draw_step(strategy: Strategy, space: str, mirror: bool, options: tuple = ()):
+    """The compiled sample step (kept per strategy and space: repeated calls do not trace or compile again).
+
+    ``options``: the engine's compiler options when built (part of the cache key only).
+    """
+    draw_fn = _draw_signal if space == "signal" else _draw_data
+
+    def draw(lik, m, keys, config):
+        r, nit, status = strategy.map(lambda li, mm, k: draw_fn(li, mm, k, config), (None, None, 0))(lik, m, keys)
+        return (_interleave(r) if mirror else r), nit, status
+
+    return Placed(strategy, reproducible_jit(draw, static_argnames="config"))
+
+
+def wiener_filter_posterior(
+    lh: Likelihood,
+    position=None,
+    *,
+    key,
+    n_samples: int,
+    space: str = "signal",
+    cg: CGConfig = DEFAULT_CG,
+    mirror_samples: bool = True,
+    sample_map: str | Strategy = "vmap",
+    devices=None,
+    check_linear: bool = True,
+) -> tuple[Samples, WienerFilterInfo]:
+    """Exact posterior mean and samples of a linear-Gaussian problem (the Wiener filter).
+
+    Parameters
+    ----------
+    lh : Likelihood
+        ``sv.Gaussian(data, ...).amend(model)`` with ``model`` affine in the
+        latent ``xi ~ N(0, I)``.
+    position : pytree, optional
+        Where the problem is linearized (any point, for an affine model);
+        default zeros of ``lh.domain``.
+    key : jax key
+        Random key; pair ``i`` draws from ``jax.random.split(key, n_samples)[i]``
+        (as :func:`~shardvi.optimize_kl` does), on any device count.
+    n_samples : int
+        Number of sample pairs (``>= 0``; ``2 * n_samples`` samples with
+        ``mirror_samples``).
+    space : {"signal", "data"}
+        Solve ``(I + A^T A) x = b`` in the latent space, or
+        ``(I + A A^T) w = c`` in the data space (see the module docstring);
+        both give the same result up to the CG tolerance.
+    cg : CGConfig
+        Stopping rules of every CG solve (default relative residual 1e-10).
+    mirror_samples : bool
+        Antithetic pairs ``+r, -r`` (default) or one sample per key.
+    sample_map, devices
+        How the sample solves are mapped over devices, as in
+        :func:`~shardvi.optimize_kl`.
+    check_linear : bool
+        Measure the model's nonlinearity on two random latents and raise if it
+        is above round-off (a nonlinear model has no Wiener filter).
+
+    Returns
+    -------
+    samples : Samples
+        ``samples.pos`` is the exact posterior mean (latent space),
+        ``samples.residuals`` are exact posterior draws around it.
+    info : WienerFilterInfo
+
+    Raises
+    ------
+    TypeError
+        ``lh`` is not an amended Gaussian, bad argument types.
+    ValueError
+        A nonlinear model, ``n_samples < 0``, an unknown ``space``, a
+        ``position`` that does not match ``lh.domain``.
+    """
+    _check_likelihood(lh)
+    if space not in SPACES:
+        raise ValueError(f"space must be one of {SPACES}, got {space!r}")
+    if isinstance(n_samples, bool) or not isinstance(n_samples, (int, np.integer)):
+        raise TypeError(f"n_samples must be an int >= 0 (number of pairs), got {type(n_samples).__name__}")
+    if n_samples < 0:
+        raise ValueError(f"n_samples must be >= 0, got {n_samples}")
+    if not isinstance(cg, CGConfig):
+        raise TypeError(f"cg must be a CGConfig, got {type(cg).__name__}")
+    if not isinstance(mirror_samples, bool):
+        raise TypeError(f"mirror_samples must be a bool, got {type(mirror_samples).__name__}")
+    key = raw_key(key)
+    if position is None:
+        position = jtu.tree_map(lambda d: jnp.zeros(d.shape, d.dtype), lh.domain)
+    check_latent(position, lh.domain, "position", exact_dtype=True)
+    assert isinstance(lh, AmendedLikelihood)  # _check_likelihood
+    nonlin = _nonlinearity(lh) if check_linear else float("nan")
+    if check_linear and not nonlin <= _tolerance(lh):
+        raise ValueError(
+            f"wiener_filter_posterior needs a model affine in the latent: s(a + b) - s(a) - s(b) + s(0) is "
+            f"{nonlin:.2e} of the terms' size for two random latents (round-off would be <= {_tolerance(lh):.1e}); "
+            "use sv.optimize_kl for a nonlinear model (or check_linear=False if the model is linear up to "
+            "its own rounding)"
+        )
+    strategy = get_strategy(sample_map, "sample_map", devices)
+    mean, mean_nit, mean_status = _MEAN[space](lh, position, config=cg)
+    if n_samples == 0:
+        residuals = jtu.tree_map(lambda p: jnp.zeros((0,) + p.shape, p.dtype), mean)
+        info = WienerFilterInfo(space, int(mean_nit), Status(int(mean_status)), (), (), nonlin)
+        return Samples(mean, residuals, None), info
+    keys = jax.random.split(key, n_samples)
+    r, nit, status = _draw_step(strategy, space, mirror_samples, engine_options_key())(lh, mean, keys, config=cg)
+    info = WienerFilterInfo(
+        space,
+        int(mean_nit),
+        Status(int(mean_status)),
+        tuple(int(n) for n in np.asarray(nit)),
+        tuple(Status(int(s)) for s in np.asarray(status)),
+        nonlin,
+    )
+    return Samples(mean, r, keys), info
