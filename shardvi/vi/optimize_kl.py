@@ -43,7 +43,7 @@ from .modes import SampleMode, SamplePlan, SampleSource, plan_samples, recorded_
 from .precompile import Precompiler
 from .progress import Progress, check_progress, open_display
 from .reporting import format_report, sample_status
-from .samples import Samples
+from .samples import Samples, interleave_pairs
 from .sampling import draw_linear_residual, nonlinearly_update_residual
 from .settings import (
     DEFAULT_KL_MINIMIZATION,
@@ -81,11 +81,6 @@ def _platform(strategy) -> str:
     """The platform a strategy computes on: its devices' (default: JAX's default backend)."""
     devices = getattr(strategy, "devices", None)
     return devices[0].platform if devices else jax.default_backend()
-
-
-def _interleave(r):
-    """``[r_0, -r_0, r_1, -r_1, ...]`` along the leading axis."""
-    return jtu.tree_map(lambda x: jnp.stack([x, -x], axis=1).reshape((-1,) + x.shape[1:]), r)
 
 
 def _with_progress(method):
@@ -257,7 +252,7 @@ class OptimizeVI:
         self._draw_linear = _WithLikelihood(Placed(sstrat, rjit(draw_linear, sstrat)), lh_s)
         self._curve = _WithLikelihood(Placed(sstrat, rjit(curve, sstrat)), lh_s)
         self._minimize = _WithLikelihood(Placed(kstrat, rjit(minimize, kstrat)), lh_k)
-        self._interleave = Placed(sstrat, ejit(_interleave, sstrat))
+        self._interleave = Placed(sstrat, ejit(interleave_pairs, sstrat))
         self._diagnostics = _WithLikelihood(Placed(kstrat, ejit(diagnostics, kstrat)), lh_k)
         self._repeat_keys = Placed(sstrat, ejit(lambda keys: jnp.repeat(keys, 2, axis=0), sstrat))
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
 
-__all__ = ["Samples", "check_samples"]
+__all__ = ["Samples", "check_samples", "interleave_pairs"]
 
 
 def _shape(x) -> tuple:
@@ -90,6 +90,11 @@ def check_samples(pos, residuals, keys=None) -> None:
             f"keys holds {ks[0]} keys for {n} residuals: expected one key per residual or one per "
             f"antithetic pair ({n // 2 if n % 2 == 0 else 'n/a'}), or keys=None"
         )
+
+
+def interleave_pairs(r):
+    """``[r_0, -r_0, r_1, -r_1, ...]`` along the leading axis: the antithetic samples of residuals ``r``."""
+    return jtu.tree_map(lambda x: jnp.stack([x, -x], axis=1).reshape((-1,) + x.shape[1:]), r)
 
 
 @jtu.register_pytree_node_class

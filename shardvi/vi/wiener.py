@@ -36,7 +36,7 @@ from ..parallel.strategy import Placed, Strategy, get_strategy
 from .gaussian import Gaussian
 from .kl import hamiltonian, hamiltonian_metric_operator
 from .likelihood import AmendedLikelihood, Likelihood
-from .samples import Samples
+from .samples import Samples, interleave_pairs
 from .sampling import draw_linear_residual
 from .settings import raw_key
 
@@ -181,10 +181,6 @@ def _draw_signal(lh, mean, key, config):
     return r, res.nit, res.status
 
 
-def _interleave(r):
-    return jtu.tree_map(lambda x: jnp.stack([x, -x], axis=1).reshape((-1,) + x.shape[1:]), r)
-
-
 _MEAN = {
     "signal": jax.jit(_mean_signal, static_argnames="config"),
     "data": jax.jit(_mean_data, static_argnames="config"),
@@ -201,7 +197,7 @@ def _draw_step(strategy: Strategy, space: str, mirror: bool, options: tuple = ()
 
     def draw(lik, m, keys, config):
         r, nit, status = strategy.map(lambda li, mm, k: draw_fn(li, mm, k, config), (None, None, 0))(lik, m, keys)
-        return (_interleave(r) if mirror else r), nit, status
+        return (interleave_pairs(r) if mirror else r), nit, status
 
     return Placed(strategy, reproducible_jit(draw, static_argnames="config"))
 
