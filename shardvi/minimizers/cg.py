@@ -174,7 +174,9 @@ def cg_solve(
     return CGResult(s.x, s.nit, s.status, jnp.sqrt(s.gamma), s.energy)
 
 
-def conjugate_gradient(matvec: Callable, b, x0=None, config: CGConfig = CGConfig()) -> CGResult:
+def conjugate_gradient(
+    matvec: Callable, b, x0=None, config: CGConfig = CGConfig(), *, min_curvature: float | None = None
+) -> CGResult:
     """Solve ``A x = b`` for a symmetric positive definite, matrix-free ``A``.
 
     Parameters
@@ -187,6 +189,10 @@ def conjugate_gradient(matvec: Callable, b, x0=None, config: CGConfig = CGConfig
         Starting point (zeros by default).
     config : CGConfig
         Stopping rules.
+    min_curvature : float, optional
+        A known lower bound ``c`` with ``d.A.d >= c |d|^2`` (``1`` for a metric
+        ``J^T F J + I``): a direction violating it beyond rounding stops the
+        solve with ``NONPOSITIVE_CURVATURE`` (see :func:`cg_solve`).
 
     Returns
     -------
@@ -215,4 +221,5 @@ def conjugate_gradient(matvec: Callable, b, x0=None, config: CGConfig = CGConfig
         miniter=config.miniter,
         maxiter=config.maxiter,
         name=config.name,
+        min_curvature=min_curvature,
     )

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from .. import tree_math as tm
 from ._validate import check_iters, check_name, check_tol
 from .minimizer import Minimizer
+from .newton_cg import _F_ROUNDING  # energy changes below this many eps * |f| are rounding noise: one rule
 from .progress import log_iteration
 from .solution import Solution
 from .status import Status
@@ -21,7 +22,6 @@ __all__ = ["TrustRegionConfig", "trust_region_newton_cg"]
 
 _SHRINK_BELOW, _GROW_ABOVE = 0.25, 0.75  # Nocedal & Wright, Alg. 4.1: ratio thresholds of the radius update
 _SHRINK, _GROW = 0.25, 2.0  # ... and the factors
-_F_ROUNDING = 100.0  # energy changes below this many eps * |f| are taken as rounding noise (as in newton_cg)
 
 
 def _positive(owner: str, name: str, value) -> None:

@@ -42,11 +42,13 @@ import scipy.sparse.linalg
 from jax import tree_util as jtu
 from jax.flatten_util import ravel_pytree
 
+from ..models.model import check_latent
 from ..parallel.reproducible import engine_options_key, reproducible_jit
 from ..parallel.strategy import Placed, Strategy, get_strategy
 from .kl import hamiltonian, hamiltonian_metric
 from .likelihood import Likelihood
 from .samples import Samples
+from .settings import raw_key
 
 __all__ = ["EvidenceLowerBound", "METHODS", "estimate_evidence_lower_bound"]
 
@@ -121,8 +123,6 @@ def _check(lh, samples) -> None:
         if not jnp.issubdtype(d.dtype, jnp.floating):
             raise TypeError(f"estimate_evidence_lower_bound needs a real floating latent domain, got {d.dtype}")
     # a Samples object with a position of another structure cannot be evaluated
-    from ..models.model import check_latent
-
     check_latent(samples.pos, lh.domain, "samples.pos", exact_dtype=True)
 
 
@@ -361,8 +361,6 @@ def estimate_evidence_lower_bound(
     if method == "dense":
         log_det, log_det_se, trunc, ev = _dense_log_det(lh, pos, strategy)
     elif method == "slq":
-        from .settings import raw_key
-
         k = raw_key(jax.random.PRNGKey(0) if key is None else key)
         log_det, log_det_se, trunc, ev = _slq_log_det(lh, pos, strategy, k, n_probes, lanczos_order)
     else:

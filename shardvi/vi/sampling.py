@@ -8,7 +8,7 @@ import jax
 import numpy as np
 
 from .. import tree_math as tm
-from ..minimizers.cg import CGResult, cg_solve
+from ..minimizers.cg import CGResult, conjugate_gradient
 from ..minimizers.config import CGConfig, NewtonCGConfig
 from ..minimizers.newton_cg import OptimizeResult, newton_cg
 from ..models.model import check_latent
@@ -106,18 +106,7 @@ def draw_linear_residual(
     metric = lambda v: tm.add(lh_metric(v), v)  # noqa: E731 -- the Hamiltonian's metric M = J^T F J + I
     # M = J^T F J + I >= I: a direction with d.M.d < |d|^2 (beyond rounding) means a broken likelihood metric
     # (e.g. a noise covariance that is not positive definite); CG stops there with NONPOSITIVE_CURVATURE
-    res = cg_solve(
-        lambda v: project(keep, metric(project(keep, v))),
-        y,
-        e2,
-        tol=config.tol,
-        resnorm=config.resnorm,
-        absdelta=config.absdelta,
-        miniter=config.miniter,
-        maxiter=config.maxiter,
-        name=config.name,
-        min_curvature=1.0,
-    )
+    res = conjugate_gradient(lambda v: project(keep, metric(project(keep, v))), y, e2, config, min_curvature=1.0)
     return res.x, res
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from jax import tree_util as jtu
 
 from .. import tree_math as tm
-from ..minimizers.cg import CGConfig, CGResult, cg_solve
+from ..minimizers.cg import CGConfig, conjugate_gradient
 from ..minimizers.status import Status, status_message
 from ..models.model import check_latent
 from ..parallel.reproducible import engine_options_key, reproducible_jit
@@ -127,21 +127,6 @@ def _tolerance(lh) -> float:
     return 1e3 * eps
 
 
-def _cg(matvec, b, x0, config: CGConfig, min_curvature: float) -> CGResult:
-    return cg_solve(
-        matvec,
-        b,
-        x0,
-        tol=config.tol,
-        resnorm=config.resnorm,
-        absdelta=config.absdelta,
-        miniter=config.miniter,
-        maxiter=config.maxiter,
-        name=config.name,
-        min_curvature=min_curvature,
-    )
-
-
 def _whitened(lh: AmendedLikelihood, pos):
     """``(y, A, A^T)``: whitened data ``y = N^{-1/2}(d - s0)`` and the whitened response and its adjoint."""
     _, a_op, a_adj = tm.linearize_with_adjoint(lh.transformation, pos)
@@ -151,12 +136,12 @@ def _whitened(lh: AmendedLikelihood, pos):
 
 def _data_space_solver(a_op, a_adj, config):
     """``w -> (I + A A^T)^{-1} w`` by CG (its CGResult)."""
-    return lambda w: _cg(lambda v: tm.add(v, a_op(a_adj(v))), w, None, config, 1.0)
+    return lambda w: conjugate_gradient(lambda v: tm.add(v, a_op(a_adj(v))), w, None, config, min_curvature=1.0)
 
 
 def _mean_signal(lh, pos, config):
     g = jax.grad(hamiltonian, argnums=1)(lh, pos)
-    res = _cg(hamiltonian_metric_operator(lh, pos), g, None, config, 1.0)
+    res = conjugate_gradient(hamiltonian_metric_operator(lh, pos), g, None, config, min_curvature=1.0)
     return tm.sub(pos, res.x), res.nit, res.status
 
 
