@@ -269,11 +269,12 @@ def test_prefix_sum_is_cumsum(n):
         np.asarray(jax.vmap(prefix_sum)(jnp.asarray(batch))), np.cumsum(batch, axis=1), rtol=0, atol=1e-10
     )
     ct = rng.standard_normal(n)
-    _, vjp = jax.vjp(prefix_sum, jnp.asarray(x))
-    np.testing.assert_allclose(np.asarray(vjp(jnp.asarray(ct))[0]), np.cumsum(ct[::-1])[::-1], rtol=0, atol=1e-10)
+    # under jit: eagerly, each of the function's operations would be compiled on its own
+    transposed = jax.jit(lambda x, ct: jax.vjp(prefix_sum, x)[1](ct)[0])(jnp.asarray(x), jnp.asarray(ct))
+    np.testing.assert_allclose(np.asarray(transposed), np.cumsum(ct[::-1])[::-1], rtol=0, atol=1e-10)
     assert prefix_sum(jnp.zeros((0,))).shape == (0,)
     x32 = np.asarray(x, np.float32)
-    got32 = prefix_sum(jnp.asarray(x32))
+    got32 = jax.jit(prefix_sum)(jnp.asarray(x32))
     assert got32.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(got32), np.cumsum(x, dtype=np.float64), rtol=0, atol=1e-5 * np.sqrt(n) * 4)
 

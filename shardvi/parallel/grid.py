@@ -45,6 +45,7 @@ __all__ = [
     "Slab",
     "is_slab",
     "block_map",
+    "block_total",
     "grid_total",
     "grid_vdot",
     "spread",
@@ -263,6 +264,15 @@ def block_map(fn: Callable, layout: GridLayout, *slabs):
     layout; differentiable (see :func:`_loop_blocks`).
     """
     return _loop_blocks(fn, tuple(_blocks(s, layout) for s in slabs))
+
+
+def block_total(parts, layout: GridLayout):
+    """``sum_b parts[b]`` over all blocks of the grid in block order (``parts``: one entry per local block).
+
+    The same value on every device of the axis, bitwise the one-device value; differentiable
+    (the transpose hands each device its blocks' cotangents).
+    """
+    return _block_order_total(parts, layout.axis)
 
 
 def grid_total(x, layout: GridLayout):

@@ -32,7 +32,7 @@ from jax import tree_util as jtu
 
 from .. import tree_math as tm
 from ..parallel.blocks import current_model_axis
-from ..parallel.grid import GridLayout, Slab, gather_rows, is_slab, local_rows
+from ..parallel.grid import GridLayout, Slab, block_map, block_total, gather_rows, is_slab, local_rows
 from .likelihood import AmendedLikelihood, Likelihood, register_field_split_class
 
 __all__ = ["FieldSplitLikelihood", "per_device", "whole"]
@@ -193,6 +193,39 @@ class _DeviceView(AmendedLikelihood):
 
     def _data_noise_sample(self, lsm, key):
         return lsm(tm.random_like(key, self.lsm_tangents_shape))
+
+    def energy(self, xi):
+        """The data likelihood's energy of each block of the grid, added over all blocks in block order.
+
+        The pixel-wise likelihood's own ``energy`` runs on one block of rows at a time (its data
+        and the model's output cut to the block), so a likelihood that sums with ``jnp.sum``
+        (``Poisson``, ``StudentT``, ...) gives the whole-grid energy, bitwise the same on every
+        layout, instead of this device's part of it.
+        """
+        return block_energy(self.likelihood, self.model(xi), self.layout_)
+
+
+def block_energy(likelihood: Likelihood, s, layout: GridLayout):
+    """``likelihood.energy(s)`` of a pixel-wise likelihood whose data and ``s`` hold ``Slab`` leaves.
+
+    Per block: the likelihood rebuilt from the block's rows of its ``Slab`` leaves (the others
+    as they are) evaluated at the block's rows of ``s``; the per-block energies are added in
+    block order over the model axis (:func:`~shardvi.parallel.grid.block_map`).
+    """
+    lh_leaves, lh_def = jtu.tree_flatten(likelihood, is_leaf=is_slab)
+    s_leaves, s_def = jtu.tree_flatten(s, is_leaf=is_slab)
+    at = [i for i, x in enumerate(lh_leaves) if is_slab(x)]
+    if not all(is_slab(x) for x in s_leaves):
+        raise TypeError("internal: the model's output on a field-split latent must be slabs")
+
+    def one(*blocks):
+        leaves = list(lh_leaves)
+        for i, b in zip(at, blocks[: len(at)]):
+            leaves[i] = b
+        return jtu.tree_unflatten(lh_def, leaves).energy(jtu.tree_unflatten(s_def, list(blocks[len(at) :])))
+
+    slabs = [lh_leaves[i].value for i in at] + [x.value for x in s_leaves]
+    return block_total(block_map(one, layout, *slabs), layout)
 
 
 def _slab_model(model, layout: GridLayout, xi):
