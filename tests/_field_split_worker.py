@@ -1,8 +1,9 @@
 """The field-parallel layout comparison of tests/test_field_split.py, in a fresh process; not a test module.
 
-    python tests/_field_split_worker.py LAYOUT [LAYOUT ...]      # e.g. 1x4 2x2
+    python tests/_field_split_worker.py PROBLEM LAYOUT [LAYOUT ...]      # e.g. masked 1x4 2x2
 
-Runs the problem of tests/test_field_split.py on one device (``Vmap``) and on
+Runs a problem of tests/test_field_split.py (``grid``: data at every pixel,
+``masked``: the data of an ``sv.Mask``) on one device (``Vmap``) and on
 each ``SAMPLESxMODEL`` mesh layout of 4 forced CPU devices with the shipped
 compiler settings (the test session compiles at LLVM level 0, which keeps
 results but not the bitwise equality of different programs) and prints one
@@ -17,7 +18,7 @@ import sys
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 
-def main(layouts):
+def main(problem, layouts):
     import jax
 
     jax.config.update("jax_num_cpu_devices", 4)
@@ -27,15 +28,15 @@ def main(layouts):
 
     from shardvi.parallel import ShardMap
 
-    ref, ref_kl = one_device()
+    ref, ref_kl = one_device(problem)
     out = {"nonzero": bool(any(np.any(np.asarray(r) != 0) for r in ref))}
     for name in layouts:
         samples, model = (int(v) for v in name.split("x"))
-        arrays, kl = run(ShardMap(devices=jax.devices()[: samples * model], model_shards=model))
+        arrays, kl = run(ShardMap(devices=jax.devices()[: samples * model], model_shards=model), problem)
         same = kl == ref_kl and all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(arrays, ref))
         out[name] = bool(same)
     print(json.dumps(out))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(sys.argv[1], sys.argv[2:])

@@ -2,13 +2,16 @@
 
 A 2-D correlated field with pixel-wise Gaussian data, split into 4 blocks of
 rows: a whole MGVI + geoVI + KL iteration (CG and Newton-CG on slabs of the
-latent) gives bitwise the one-device (``Vmap``) result on the mesh layout
-(samples, model) = (1, 4), every device one block (the layouts (2, 2) and
-(4, 1) were checked when the engine changed, ``python
-tests/_field_split_worker.py 1x4 2x2 4x1``; left out here for the suite's
-time), in a fresh process at the shipped compiler level; the split likelihood
-equals the unsplit one to rounding (energy, gradient, metric, metric square
-root); bad configurations raise clear errors.
+latent) on the data of an ``sv.Mask`` gives bitwise the one-device (``Vmap``)
+result on the mesh layout (samples, model) = (1, 4), every device one block
+(the layouts (2, 2) and (4, 1), and data at every pixel, were checked when the
+engine changed, ``python tests/_field_split_worker.py masked 1x4 2x2 4x1`` and
+``... grid 1x4 2x2 4x1``; left out here for the suite's time), in a fresh
+process at the shipped compiler level; the split likelihood equals the
+unsplit one to rounding (energy, gradient, metric, metric square root) for
+data on the grid and of a ``Mask`` / ``Sampling``, and for likelihoods that
+sum themselves (Poisson, StudentT) on 4 devices of a model axis; bad
+configurations raise clear errors.
 """
 
 import functools
@@ -57,15 +60,23 @@ def split_likelihood(blocks=4):
     return sv.Gaussian(d, noise_std=std).amend(model, field_blocks=blocks)
 
 
-def run(strategy):
-    """One MGVI + geoVI + KL iteration (the model-parallel tests' :func:`run_layout`): (arrays, KL energy)."""
-    arrays, kl, _ = run_layout(split_likelihood(), problem()[3], strategy)
+def run(strategy, name="grid"):
+    """One MGVI + geoVI + KL iteration (the model-parallel tests' :func:`run_layout`): (arrays, KL energy).
+
+    ``name``: ``"grid"`` (data at every pixel) or ``"masked"`` (the data of an ``sv.Mask``, :func:`masked`).
+    """
+    if name == "grid":
+        lh = split_likelihood()
+    else:
+        model, d, std = masked()
+        lh = sv.Gaussian(d, noise_std=std).amend(model, field_blocks=4)
+    arrays, kl, _ = run_layout(lh, problem()[3], strategy)
     return arrays, kl[0]
 
 
 @functools.cache
-def one_device():
-    return run(Vmap())
+def one_device(name="grid"):
+    return run(Vmap(), name)
 
 
 def test_mgvi_geovi_kl_bitwise_equal_to_one_device_on_every_mesh_layout():
@@ -73,7 +84,7 @@ def test_mgvi_geovi_kl_bitwise_equal_to_one_device_on_every_mesh_layout():
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # not the session's LLVM level 0
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(HERE), HERE, os.environ.get("PYTHONPATH", "")])
     proc = subprocess.run(
-        [sys.executable, os.path.join(HERE, "_field_split_worker.py"), "1x4"],
+        [sys.executable, os.path.join(HERE, "_field_split_worker.py"), "masked", "1x4"],
         env=env,
         capture_output=True,
         text=True,
@@ -146,3 +157,80 @@ def test_likelihoods_that_sum_themselves_give_the_whole_grid_energy_on_every_dev
     for strategy in (Vmap(), ShardMap(devices=jax.devices()[:4], model_shards=4)):
         for a, b in zip(kl(split, strategy), want):
             np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12)
+
+
+def masked(kind="Mask"):
+    """The problem's field observed at 60 % of the pixels through ``sv.Mask`` (or the same pixels through
+    ``sv.Sampling`` in a scrambled order): ``(model, data, noise std)`` in the response's data layout."""
+    model0, d, std, _ = problem()
+    rng = np.random.default_rng(4)
+    mask = rng.random((N, N)) < 0.6
+    if kind == "Mask":
+        resp, sel = sv.Mask(mask), np.nonzero(mask)
+    else:
+        order = rng.permutation(int(mask.sum()))
+        sel = tuple(i[order] for i in np.nonzero(mask))
+        resp = sv.Sampling(sel, (N, N))
+    model = sv.Model(lambda xi: resp(model0(xi)), model0.domain)
+    return model, d[sel], std[sel]
+
+
+@pytest.mark.parametrize("kind", ["Mask-Gaussian", "Sampling-Gaussian", "Mask-Poisson"])
+def test_data_of_a_mask_or_sampling_split_with_the_field(kind):
+    """A model ending in ``sv.Mask`` / ``sv.Sampling`` (what a user writes, unchanged) splits with the field:
+    its data are held on the grid with the unobserved pixels ignored, and the KL, its gradient and metric on 4
+    devices of a model axis, the metric square root and the normalized residual (in the data's own layout)
+    equal those of the unsplit likelihood to rounding."""
+    from shardvi.vi.kl import kl_metric, kl_value_and_grad
+
+    response, lik = kind.split("-")
+    model, d, std = masked(response)
+    pos = problem()[3]
+    if lik == "Poisson":
+        lh = sv.Poisson(np.random.default_rng(5).poisson(np.asarray(model(pos))).astype(np.float64))
+    else:
+        lh = sv.Gaussian(d, noise_std=std)
+    split, whole = lh.amend(model, field_blocks=4), lh.amend(model)
+    res = jax.tree.map(lambda v: 0.2 * jnp.stack([v, -v]), model.init(jax.random.PRNGKey(2)))
+    t = jax.tree.map(lambda v: 0.3 * v, model.init(jax.random.PRNGKey(7)))
+    e = jnp.asarray(np.random.default_rng(3).normal(size=d.shape))
+
+    def parts(lik, strategy):
+        f = jax.jit(
+            lambda p, r, t, e: (
+                kl_value_and_grad(lik, p, r, strategy),
+                kl_metric(lik, p, r, t, strategy),
+                lik.left_sqrt_metric(p, e),
+                lik.normalized_residual(p),
+            )
+        )
+        return jax.tree.leaves(f(pos, res, t, e))
+
+    want = parts(whole, Vmap())
+    for strategy in (Vmap(), ShardMap(devices=jax.devices()[:4], model_shards=4)):
+        got = parts(split, strategy)
+        assert [np.shape(a) for a in got] == [np.shape(b) for b in want]
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12)
+
+
+def test_masked_data_bad_configurations_raise_clear_errors():
+    model0, d, std, _ = problem()
+    mask = np.random.default_rng(4).random((N, N)) < 0.6
+    m1, m2 = sv.Mask(mask), sv.Mask(mask.copy())
+    two = sv.Model(lambda xi: m1(model0(xi)) + m2(jnp.exp(model0(xi))), model0.domain)
+    n = int(mask.sum())
+    with pytest.raises(ValueError, match="one sv.Mask or sv.Sampling.*2 Mask/Sampling calls"):
+        sv.Gaussian(d[mask], noise_std=1.0).amend(two, field_blocks=4)
+    none = sv.Model(lambda xi: jnp.ravel(model0(xi))[:n], model0.domain)
+    with pytest.raises(ValueError, match="0 Mask/Sampling calls"):
+        sv.Gaussian(d[mask], noise_std=1.0).amend(none, field_blocks=4)
+    rows, cols = np.nonzero(mask)
+    twice = sv.Sampling((np.r_[rows, rows[:1]], np.r_[cols, cols[:1]]), (N, N))
+    rep = sv.Model(lambda xi: twice(model0(xi)), model0.domain)
+    with pytest.raises(ValueError, match="more than once"):
+        sv.Gaussian(np.r_[d[mask], d[mask][:1]], noise_std=1.0).amend(rep, field_blocks=4)
+    line = sv.Mask(np.ones(N * N, bool))
+    flat_model = sv.Model(lambda xi: line(jnp.ravel(model0(xi))), model0.domain)
+    with pytest.raises(ValueError, match=r"\(1 axis\)"):
+        sv.Gaussian(np.ravel(d), noise_std=1.0).amend(flat_model, field_blocks=4)

@@ -9,6 +9,8 @@ real arrays and ``Re sum(conj(a) * b)`` on complex ones. All are pure JAX and co
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from dataclasses import dataclass, field
 
@@ -21,6 +23,60 @@ from ..module import Module
 from .nufft import _check_eps, _check_shape, complex_dtype_for, match_vma, nufft2d_type1, nufft2d_type2
 
 __all__ = ["Mask", "Sampling", "NUFFTResponse", "match_vma"]
+
+
+# ----------------------------------------------------------------------------- field parallelism
+# A likelihood amended with ``field_blocks`` holds the data of a pixel-wise response (Mask, Sampling) on the
+# grid: it finds the response by tracing the model while recording (pixel_responses_recorded), and traces the
+# model's per-device work with the device's rows of the observed pixels (pixels_on_grid), under which the
+# response returns its input where a pixel is observed and 1 elsewhere (the likelihood ignores those entries).
+_RECORDED: contextvars.ContextVar[list | None] = contextvars.ContextVar("shardvi_pixel_responses", default=None)
+_ON_GRID: contextvars.ContextVar = contextvars.ContextVar("shardvi_pixels_on_grid", default=None)
+
+#: the value a pixel-wise response outputs at unobserved pixels while its data are held on the grid
+UNOBSERVED = 1.0
+
+
+@contextlib.contextmanager
+def pixel_responses_recorded():
+    """Collect the pixel-wise responses (:class:`Mask`, :class:`Sampling`) called in the enclosed code."""
+    found: list = []
+    token = _RECORDED.set(found)
+    try:
+        yield found
+    finally:
+        _RECORDED.reset(token)
+
+
+@contextlib.contextmanager
+def pixels_on_grid(observed):
+    """Trace the enclosed model with its pixel-wise response on the grid: ``where(observed, field, 1)``.
+
+    ``observed``: boolean, the shape of the field the response receives (a device's rows of the grid).
+    """
+    token = _ON_GRID.set(observed)
+    try:
+        yield
+    finally:
+        _ON_GRID.reset(token)
+
+
+def _pixel_response(response, values):
+    """The response's output on the grid when :func:`pixels_on_grid` is active, else ``None``."""
+    found = _RECORDED.get()
+    if found is not None:
+        found.append(response)
+    observed = _ON_GRID.get()
+    if observed is None:
+        return None
+    values = jnp.asarray(values)
+    if values.shape != observed.shape:
+        raise ValueError(
+            f"a {type(response).__name__} in a model split over the field received shape {values.shape}, expected "
+            f"this device's rows of the grid {observed.shape}: apply it to the field (the output of the correlated "
+            f"field or element-wise functions of it)"
+        )
+    return jnp.where(observed, values, jnp.asarray(UNOBSERVED, values.dtype))
 
 
 # ----------------------------------------------------------------------------- gather
@@ -84,7 +140,14 @@ class Mask(Module):
 
     def __call__(self, field):
         """Field, shape ``S`` -> kept values, shape ``(n,)``."""
+        on_grid = _pixel_response(self, field)
+        if on_grid is not None:
+            return on_grid
         return _gather(field, self._flat, self.shape, "field")
+
+    def pixel_indices(self) -> np.ndarray:
+        """Flat (C-order) index into the field of each output entry, shape ``(n,)``."""
+        return np.asarray(self._flat)
 
     def adjoint(self, data):
         """Values, shape ``(n,)`` -> field, shape ``S``, zero where masked."""
@@ -145,7 +208,14 @@ class Sampling(Module):
 
     def __call__(self, field):
         """Field, shape ``S`` -> samples, shape ``K``."""
+        on_grid = _pixel_response(self, field)
+        if on_grid is not None:
+            return on_grid
         return _gather(field, self._flat, self.shape, "field")
+
+    def pixel_indices(self) -> np.ndarray:
+        """Flat (C-order) index into the field of each output entry, shape ``K``."""
+        return np.asarray(self._flat)
 
     def adjoint(self, data):
         """Samples, shape ``K`` -> field, shape ``S`` (repeats summed)."""

@@ -25,12 +25,15 @@ axis) the slab is the whole grid.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
 
 from .. import tree_math as tm
+from ..models.responses import UNOBSERVED, pixel_responses_recorded, pixels_on_grid
 from ..parallel.blocks import current_model_axis
 from ..parallel.grid import GridLayout, Slab, block_map, block_total, gather_rows, is_slab, local_rows
 from .likelihood import AmendedLikelihood, Likelihood, register_field_split_class
@@ -79,6 +82,17 @@ class FieldSplitLikelihood(AmendedLikelihood):
         super().__init__(likelihood, model)
         if isinstance(field_blocks, bool) or not isinstance(field_blocks, (int, np.integer)) or field_blocks < 1:
             raise ValueError(f"field_blocks must be an int >= 1, got {field_blocks!r}")
+        # data of a Mask / Sampling of the field: held on the grid, unobserved pixels ignored
+        self.observed = self.pixel_index = None
+        pixels = _pixel_response(likelihood, model)
+        if pixels is not None:
+            flat, grid_shape = pixels
+            likelihood = _likelihood_on_grid(likelihood, flat, grid_shape)
+            observed = np.zeros(math.prod(grid_shape), bool)
+            observed[flat.ravel()] = True
+            self.observed = jnp.asarray(observed.reshape(grid_shape))
+            self.pixel_index = jnp.asarray(flat)
+            self.likelihood = likelihood
         rows = _grid_rows(likelihood)
         if rows % int(field_blocks):
             raise ValueError(f"field_blocks={field_blocks} does not divide the grid's {rows} rows (axis 0 of the data)")
@@ -120,9 +134,27 @@ class FieldSplitLikelihood(AmendedLikelihood):
         v = self.per_device()
         return v.energy(v.local(xi))
 
+    def _to_data(self, tree):
+        """Grid-shaped data-space arrays -> the data's own layout (the observed pixels of a Mask / Sampling)."""
+        if self.pixel_index is None:
+            return tree
+        return jtu.tree_map(lambda g: jnp.ravel(g)[self.pixel_index], tree)
+
+    def _from_data(self, tree):
+        """Data-space arrays in the data's layout -> grid-shaped (zero at unobserved pixels)."""
+        if self.pixel_index is None:
+            return tree
+        shape = self.observed.shape
+        return jtu.tree_map(
+            lambda e: jnp.zeros(math.prod(shape), jnp.result_type(e)).at[jnp.ravel(self.pixel_index)].set(
+                jnp.ravel(e)
+            ).reshape(shape),
+            tree,
+        )
+
     def transformation(self, xi):
         v = self.per_device()
-        return whole(v.transformation(v.local(xi)))
+        return self._to_data(whole(v.transformation(v.local(xi))))
 
     def metric_operator(self, xi):
         v = self.per_device()
@@ -131,19 +163,19 @@ class FieldSplitLikelihood(AmendedLikelihood):
 
     def left_sqrt_metric(self, xi, e):
         v = self.per_device()
-        return whole(v.left_sqrt_metric(v.local(xi), v.local_data(e)))
+        return whole(v.left_sqrt_metric(v.local(xi), v.local_data(self._from_data(e))))
 
     def sampling_operators(self, xi):
         v = self.per_device()
         lsm, metric = v.sampling_operators(v.local(xi))
-        return (lambda e: whole(lsm(v.local_data(e)))), (lambda t: whole(metric(v.local(t))))
+        return (lambda e: whole(lsm(v.local_data(self._from_data(e))))), (lambda t: whole(metric(v.local(t))))
 
     def _data_noise_sample(self, lsm, key):
         return self.per_device()._data_noise_sample(lsm, key)
 
     def normalized_residual(self, xi):
         v = self.per_device()
-        return whole(v.normalized_residual(v.local(xi)))
+        return self._to_data(whole(v.normalized_residual(v.local(xi))))
 
 
 register_field_split_class(FieldSplitLikelihood)
@@ -166,9 +198,11 @@ class _DeviceView(AmendedLikelihood):
         self.parent = parent
         self.layout_ = layout
         self.likelihood = jtu.tree_map(lambda a: self._data_leaf(a, layout), parent.likelihood)
-        self.model = functools.partial(_slab_model, parent.model, layout)
+        # the device's rows of the observed pixels (data of a Mask / Sampling), None: every pixel
+        self.observed = None if parent.observed is None else local_rows(parent.observed, layout)
+        self.model = functools.partial(_slab_model, parent.model, layout, self.observed)
         self.domain = jtu.tree_map(lambda d, s: split_sds(d) if s else d, parent.domain, parent.latent_split)
-        lsm = parent.lsm_tangents_shape
+        lsm = parent.likelihood.lsm_tangents_shape
         self.lsm_tangents_shape = None if lsm is None else jtu.tree_map(split_sds, lsm)
 
     def _data_leaf(self, a, layout):
@@ -202,15 +236,24 @@ class _DeviceView(AmendedLikelihood):
         (``Poisson``, ``StudentT``, ...) gives the whole-grid energy, bitwise the same on every
         layout, instead of this device's part of it.
         """
-        return block_energy(self.likelihood, self.model(xi), self.layout_)
+        return block_energy(self.likelihood, self.model(xi), self.layout_, self.observed)
+
+    def normalized_residual(self, xi):
+        r = super().normalized_residual(xi)
+        if self.observed is None:
+            return r
+        return jtu.tree_map(lambda x: jnp.where(self.observed, x, jnp.zeros((), x.dtype)), r)
 
 
-def block_energy(likelihood: Likelihood, s, layout: GridLayout):
+def block_energy(likelihood: Likelihood, s, layout: GridLayout, observed=None):
     """``likelihood.energy(s)`` of a pixel-wise likelihood whose data and ``s`` hold ``Slab`` leaves.
 
     Per block: the likelihood rebuilt from the block's rows of its ``Slab`` leaves (the others
     as they are) evaluated at the block's rows of ``s``; the per-block energies are added in
-    block order over the model axis (:func:`~shardvi.parallel.grid.block_map`).
+    block order over the model axis (:func:`~shardvi.parallel.grid.block_map`). With
+    ``observed`` (boolean, the local rows of the grid) only the observed pixels count: the
+    energy of each pixel (the likelihood of that pixel alone, vectorized over the block) is
+    summed where ``observed`` holds.
     """
     lh_leaves, lh_def = jtu.tree_flatten(likelihood, is_leaf=is_slab)
     s_leaves, s_def = jtu.tree_flatten(s, is_leaf=is_slab)
@@ -218,19 +261,104 @@ def block_energy(likelihood: Likelihood, s, layout: GridLayout):
     if not all(is_slab(x) for x in s_leaves):
         raise TypeError("internal: the model's output on a field-split latent must be slabs")
 
-    def one(*blocks):
+    def rebuilt(blocks):
         leaves = list(lh_leaves)
-        for i, b in zip(at, blocks[: len(at)]):
+        for i, b in zip(at, blocks):
             leaves[i] = b
-        return jtu.tree_unflatten(lh_def, leaves).energy(jtu.tree_unflatten(s_def, list(blocks[len(at) :])))
+        return jtu.tree_unflatten(lh_def, leaves)
+
+    def one(*blocks):
+        lh_b, s_b = blocks[: len(at)], jtu.tree_unflatten(s_def, list(blocks[len(at) : len(at) + len(s_leaves)]))
+        if observed is None:
+            return rebuilt(lh_b).energy(s_b)
+        seen = blocks[-1]
+
+        def pixel(lh_px, s_px):  # one pixel's energy: every grid-shaped leaf at that pixel
+            return rebuilt(lh_px).energy(s_px)
+
+        flat = lambda a: a.reshape((-1,) + a.shape[seen.ndim :])  # noqa: E731 -- the block's pixels in a row
+        terms = jax.vmap(pixel)([flat(b) for b in lh_b], jtu.tree_map(flat, s_b))
+        return jnp.sum(jnp.where(seen.reshape(-1), terms, jnp.zeros((), terms.dtype)))
 
     slabs = [lh_leaves[i].value for i in at] + [x.value for x in s_leaves]
+    if observed is not None:
+        slabs.append(observed)
     return block_total(block_map(one, layout, *slabs), layout)
 
 
-def _slab_model(model, layout: GridLayout, xi):
-    """The model on a latent with ``Slab`` leaves, its (pixel-wise) output as slabs."""
-    return jtu.tree_map(lambda s: Slab(s, layout), model(xi))
+def _slab_model(model, layout: GridLayout, observed, xi):
+    """The model on a latent with ``Slab`` leaves, its (pixel-wise) output as slabs.
+
+    With ``observed`` (the device's rows of the observed pixels) the model's Mask / Sampling
+    returns its input on the grid (:func:`~shardvi.models.responses.pixels_on_grid`).
+    """
+    if observed is None:
+        out = model(xi)
+    else:
+        with pixels_on_grid(observed):
+            out = model(xi)
+    return jtu.tree_map(lambda s: Slab(s, layout), out)
+
+
+def _pixel_response(likelihood: Likelihood, model):
+    """``(flat pixel index per datum, grid shape)`` when the data are those of the model's one Mask /
+    Sampling of a field of >= 2 axes; ``None`` when the data are on a grid already; else ``ValueError``."""
+    shapes = [tuple(d.shape) for d in jtu.tree_leaves(likelihood.domain)]
+    if len({s[0] for s in shapes if len(s) >= 2}) == 1 and all(len(s) >= 2 for s in shapes):
+        return None
+    with pixel_responses_recorded() as found:  # a new function: a trace JAX cached earlier would record nothing
+        jax.eval_shape(lambda xi: model(xi), model.domain)
+    responses = list({id(r): r for r in found}.values())
+    need = (
+        "field_blocks needs pixel-wise data on a grid of at least 2 axes (every data leaf with the grid's rows "
+        "along axis 0), or the data of one sv.Mask or sv.Sampling of the field in the model"
+    )
+    if len(responses) != 1:
+        raise ValueError(f"{need}; got data shapes {shapes} and {len(responses)} Mask/Sampling calls in the model")
+    resp = responses[0]
+    try:
+        flat = resp.pixel_indices()
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
+        raise ValueError(f"{need}: the {type(resp).__name__}'s pixels must be concrete (close over it)") from None
+    grid = tuple(resp.shape)
+    if len(grid) < 2:
+        raise ValueError(f"{need}; the {type(resp).__name__} reads a field of shape {grid} (1 axis)")
+    if any(s != flat.shape for s in shapes):
+        raise ValueError(
+            f"{need}: every data leaf must have the {type(resp).__name__}'s output shape {flat.shape}, got {shapes}"
+        )
+    if np.unique(flat).size != flat.size:
+        raise ValueError(
+            f"{need}: the {type(resp).__name__} reads some pixels more than once; with field_blocks each datum "
+            f"must be one pixel of its own"
+        )
+    return flat, grid
+
+
+def _likelihood_on_grid(likelihood: Likelihood, flat, grid_shape):
+    """``likelihood`` with its per-datum leaves scattered onto the grid (1 at unobserved pixels)."""
+    data_shape = flat.shape
+    leaves, treedef = jtu.tree_flatten(likelihood)
+
+    def on_grid(x):
+        if np.ndim(x) == 0:
+            return x
+        if np.shape(x) != data_shape:
+            raise ValueError(
+                f"field_blocks with the data of a Mask / Sampling: the likelihood's array of shape {np.shape(x)} "
+                f"is neither per datum {data_shape} nor a scalar"
+            )
+        x = np.asarray(x)
+        g = np.full(math.prod(grid_shape), UNOBSERVED, x.dtype)
+        g[flat.ravel()] = x.ravel()
+        return jnp.asarray(g.reshape(grid_shape))
+
+    grid = jtu.tree_unflatten(treedef, [on_grid(x) for x in leaves])
+    domain = jtu.tree_map(lambda d: jax.ShapeDtypeStruct(grid_shape, d.dtype), likelihood.domain)
+    lsm = likelihood.lsm_tangents_shape
+    if lsm is not None:
+        lsm = jtu.tree_map(lambda d: jax.ShapeDtypeStruct(grid_shape, d.dtype), lsm)
+    return grid._replaced(domain=domain, lsm_tangents_shape=lsm)
 
 
 def whole(tree):
