@@ -132,11 +132,12 @@ def test_bad_configurations_raise_clear_errors():
         sv.optimize_kl(lh, pos, sample_map=strat, kl_map=strat, **kw)
 
 
-@pytest.mark.parametrize("kind", ["Poisson", "StudentT"])
+@pytest.mark.parametrize("kind", ["StudentT"])  # Poisson: test_data_of_a_mask_or_sampling_split_with_the_field
 def test_likelihoods_that_sum_themselves_give_the_whole_grid_energy_on_every_device(kind):
     """A pixel-wise likelihood whose energy is its own ``jnp.sum`` (not the tree-math inner product) is
     evaluated block by block, so the sample-averaged KL, its gradient and its metric are those of the
-    unsplit likelihood on the model axis of 4 devices, where each device holds a quarter of the grid."""
+    unsplit likelihood on the model axis of 4 devices, where each device holds a quarter of the grid
+    (before: that device's part of the energy; Poisson's solvers then diverged per device and deadlocked)."""
     from shardvi.vi.kl import kl_metric, kl_value_and_grad
 
     model, d, std, pos = problem()

@@ -142,13 +142,14 @@ class FieldSplitLikelihood(AmendedLikelihood):
 
     def _from_data(self, tree):
         """Data-space arrays in the data's layout -> grid-shaped (zero at unobserved pixels)."""
-        if self.pixel_index is None:
+        index, observed = self.pixel_index, self.observed
+        if index is None or observed is None:
             return tree
-        shape = self.observed.shape
+        shape = observed.shape
         return jtu.tree_map(
-            lambda e: jnp.zeros(math.prod(shape), jnp.result_type(e)).at[jnp.ravel(self.pixel_index)].set(
-                jnp.ravel(e)
-            ).reshape(shape),
+            lambda e: (
+                jnp.zeros(math.prod(shape), jnp.result_type(e)).at[jnp.ravel(index)].set(jnp.ravel(e)).reshape(shape)
+            ),
             tree,
         )
 
@@ -239,10 +240,10 @@ class _DeviceView(AmendedLikelihood):
         return block_energy(self.likelihood, self.model(xi), self.layout_, self.observed)
 
     def normalized_residual(self, xi):
-        r = super().normalized_residual(xi)
-        if self.observed is None:
+        r, observed = super().normalized_residual(xi), self.observed
+        if observed is None:
             return r
-        return jtu.tree_map(lambda x: jnp.where(self.observed, x, jnp.zeros((), x.dtype)), r)
+        return jtu.tree_map(lambda x: jnp.where(observed, x, jnp.zeros((), x.dtype)), r)
 
 
 def block_energy(likelihood: Likelihood, s, layout: GridLayout, observed=None):
