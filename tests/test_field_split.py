@@ -132,32 +132,43 @@ def test_bad_configurations_raise_clear_errors():
         sv.optimize_kl(lh, pos, sample_map=strat, kl_map=strat, **kw)
 
 
-@pytest.mark.parametrize("kind", ["StudentT"])  # Poisson: test_data_of_a_mask_or_sampling_split_with_the_field
-def test_likelihoods_that_sum_themselves_give_the_whole_grid_energy_on_every_device(kind):
-    """A pixel-wise likelihood whose energy is its own ``jnp.sum`` (not the tree-math inner product) is
-    evaluated block by block, so the sample-averaged KL, its gradient and its metric are those of the
-    unsplit likelihood on the model axis of 4 devices, where each device holds a quarter of the grid
-    (before: that device's part of the energy; Poisson's solvers then diverged per device and deadlocked)."""
+def assert_split_equals_whole(lh, model, pos, data_shape):
+    """``lh`` amended with ``field_blocks=4`` against the unsplit ``lh.amend(model)`` (to rounding, same shapes):
+    the sample-averaged KL, its gradient and metric with ``Vmap`` and on the 4 devices of a model axis, each
+    holding a quarter of the grid, the metric square root and the normalized residual."""
     from shardvi.vi.kl import kl_metric, kl_value_and_grad
 
-    model, d, std, pos = problem()
-    rng = np.random.default_rng(11)
-    if kind == "Poisson":
-        lh = sv.Poisson(rng.poisson(np.asarray(model(pos))).astype(np.float64))
-    else:
-        lh = sv.StudentT(d, dof=3.0, noise_std=std)
     split, whole = lh.amend(model, field_blocks=4), lh.amend(model)
     res = jax.tree.map(lambda v: 0.2 * jnp.stack([v, -v]), model.init(jax.random.PRNGKey(2)))
     t = jax.tree.map(lambda v: 0.3 * v, model.init(jax.random.PRNGKey(7)))
+    e = jnp.asarray(np.random.default_rng(3).normal(size=data_shape))
 
-    def kl(lik, strategy):
-        f = jax.jit(lambda p, r, t: (kl_value_and_grad(lik, p, r, strategy), kl_metric(lik, p, r, t, strategy)))
-        return jax.tree.leaves(f(pos, res, t))
+    def parts(lik, strategy):
+        f = jax.jit(
+            lambda p, r, t, e: (
+                kl_value_and_grad(lik, p, r, strategy),
+                kl_metric(lik, p, r, t, strategy),
+                lik.left_sqrt_metric(p, e),
+                lik.normalized_residual(p),
+            )
+        )
+        return jax.tree.leaves(f(pos, res, t, e))
 
-    want = kl(whole, Vmap())
+    want = parts(whole, Vmap())
     for strategy in (Vmap(), ShardMap(devices=jax.devices()[:4], model_shards=4)):
-        for a, b in zip(kl(split, strategy), want):
+        got = parts(split, strategy)
+        assert [np.shape(a) for a in got] == [np.shape(b) for b in want]
+        for a, b in zip(got, want):
             np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12)
+
+
+def test_a_likelihood_that_sums_itself_gives_the_whole_grid_energy_on_every_device():
+    """A pixel-wise likelihood whose energy is its own ``jnp.sum`` (StudentT; not the tree-math inner product)
+    is evaluated block by block: the split likelihood is the whole one on a model axis of 4 devices (before:
+    that device's part of the energy; Poisson's solvers then diverged per device and deadlocked). Poisson:
+    :func:`test_data_of_a_mask_or_sampling_split_with_the_field`."""
+    model, d, std, pos = problem()
+    assert_split_equals_whole(sv.StudentT(d, dof=3.0, noise_std=std), model, pos, d.shape)
 
 
 def masked(kind="Mask"):
@@ -182,8 +193,6 @@ def test_data_of_a_mask_or_sampling_split_with_the_field(kind):
     its data are held on the grid with the unobserved pixels ignored, and the KL, its gradient and metric on 4
     devices of a model axis, the metric square root and the normalized residual (in the data's own layout)
     equal those of the unsplit likelihood to rounding."""
-    from shardvi.vi.kl import kl_metric, kl_value_and_grad
-
     response, lik = kind.split("-")
     model, d, std = masked(response)
     pos = problem()[3]
@@ -191,28 +200,7 @@ def test_data_of_a_mask_or_sampling_split_with_the_field(kind):
         lh = sv.Poisson(np.random.default_rng(5).poisson(np.asarray(model(pos))).astype(np.float64))
     else:
         lh = sv.Gaussian(d, noise_std=std)
-    split, whole = lh.amend(model, field_blocks=4), lh.amend(model)
-    res = jax.tree.map(lambda v: 0.2 * jnp.stack([v, -v]), model.init(jax.random.PRNGKey(2)))
-    t = jax.tree.map(lambda v: 0.3 * v, model.init(jax.random.PRNGKey(7)))
-    e = jnp.asarray(np.random.default_rng(3).normal(size=d.shape))
-
-    def parts(lik, strategy):
-        f = jax.jit(
-            lambda p, r, t, e: (
-                kl_value_and_grad(lik, p, r, strategy),
-                kl_metric(lik, p, r, t, strategy),
-                lik.left_sqrt_metric(p, e),
-                lik.normalized_residual(p),
-            )
-        )
-        return jax.tree.leaves(f(pos, res, t, e))
-
-    want = parts(whole, Vmap())
-    for strategy in (Vmap(), ShardMap(devices=jax.devices()[:4], model_shards=4)):
-        got = parts(split, strategy)
-        assert [np.shape(a) for a in got] == [np.shape(b) for b in want]
-        for a, b in zip(got, want):
-            np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12)
+    assert_split_equals_whole(lh, model, pos, d.shape)
 
 
 def test_masked_data_bad_configurations_raise_clear_errors():

@@ -83,15 +83,15 @@ class FieldSplitLikelihood(AmendedLikelihood):
         if isinstance(field_blocks, bool) or not isinstance(field_blocks, (int, np.integer)) or field_blocks < 1:
             raise ValueError(f"field_blocks must be an int >= 1, got {field_blocks!r}")
         # data of a Mask / Sampling of the field: held on the grid, unobserved pixels ignored
-        self.observed = self.pixel_index = None
-        pixels = _pixel_response(likelihood, model)
-        if pixels is not None:
-            flat, grid_shape = pixels
+        self.observed = self.response = None
+        response = _find_pixel_response(likelihood, model)
+        if response is not None:
+            flat, grid_shape = response.pixel_indices(), tuple(response.shape)
             likelihood = _likelihood_on_grid(likelihood, flat, grid_shape)
             observed = np.zeros(math.prod(grid_shape), bool)
             observed[flat.ravel()] = True
             self.observed = jnp.asarray(observed.reshape(grid_shape))
-            self.pixel_index = jnp.asarray(flat)
+            self.response = response
             self.likelihood = likelihood
         rows = _grid_rows(likelihood)
         if rows % int(field_blocks):
@@ -135,23 +135,14 @@ class FieldSplitLikelihood(AmendedLikelihood):
         return v.energy(v.local(xi))
 
     def _to_data(self, tree):
-        """Grid-shaped data-space arrays -> the data's own layout (the observed pixels of a Mask / Sampling)."""
-        if self.pixel_index is None:
-            return tree
-        return jtu.tree_map(lambda g: jnp.ravel(g)[self.pixel_index], tree)
+        """Grid-shaped data-space arrays -> the data's own layout: the Mask / Sampling applied to them."""
+        response = self.response
+        return tree if response is None else jtu.tree_map(response, tree)
 
     def _from_data(self, tree):
-        """Data-space arrays in the data's layout -> grid-shaped (zero at unobserved pixels)."""
-        index, observed = self.pixel_index, self.observed
-        if index is None or observed is None:
-            return tree
-        shape = observed.shape
-        return jtu.tree_map(
-            lambda e: (
-                jnp.zeros(math.prod(shape), jnp.result_type(e)).at[jnp.ravel(index)].set(jnp.ravel(e)).reshape(shape)
-            ),
-            tree,
-        )
+        """Data-space arrays in the data's layout -> grid-shaped: the response's adjoint (zero elsewhere)."""
+        response = self.response
+        return tree if response is None else jtu.tree_map(response.adjoint, tree)
 
     def transformation(self, xi):
         v = self.per_device()
@@ -301,9 +292,9 @@ def _slab_model(model, layout: GridLayout, observed, xi):
     return jtu.tree_map(lambda s: Slab(s, layout), out)
 
 
-def _pixel_response(likelihood: Likelihood, model):
-    """``(flat pixel index per datum, grid shape)`` when the data are those of the model's one Mask /
-    Sampling of a field of >= 2 axes; ``None`` when the data are on a grid already; else ``ValueError``."""
+def _find_pixel_response(likelihood: Likelihood, model):
+    """The model's one Mask / Sampling of a field of >= 2 axes (reading each pixel at most once) when the
+    data are its output; ``None`` when the data are on a grid already; else ``ValueError``."""
     shapes = [tuple(d.shape) for d in jtu.tree_leaves(likelihood.domain)]
     if len({s[0] for s in shapes if len(s) >= 2}) == 1 and all(len(s) >= 2 for s in shapes):
         return None
@@ -333,7 +324,7 @@ def _pixel_response(likelihood: Likelihood, model):
             f"{need}: the {type(resp).__name__} reads some pixels more than once; with field_blocks each datum "
             f"must be one pixel of its own"
         )
-    return flat, grid
+    return resp
 
 
 def _likelihood_on_grid(likelihood: Likelihood, flat, grid_shape):
