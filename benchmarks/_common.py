@@ -223,3 +223,72 @@ def write_json(path, obj):
         with open(tmp, "w") as f:
             json.dump(obj, f, indent=2)
         os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- multi-process memory runs
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (the ``jax.distributed`` coordinator's)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_processes(argv, nproc, timeout, what):
+    """Run ``argv + ["--pid", i]`` for ``i < nproc`` at once; the JSON lines they print, from all of them.
+
+    ``SystemExit`` naming ``what`` when one fails or the group runs past ``timeout`` seconds (all killed).
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]))
+    procs = [
+        subprocess.Popen(argv + ["--pid", str(i)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(nproc)
+    ]
+    recs = []
+    for i, p in enumerate(procs):
+        try:
+            so, se = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise SystemExit(f"{what}: no result within {timeout} s") from None
+        if p.returncode != 0:
+            raise SystemExit(f"{what} process {i} failed:\n{se[-3000:]}")
+        recs += [json.loads(line) for line in so.splitlines() if line.startswith("{")]
+    return recs
+
+
+def memory_row(p, recs, bitwise) -> dict:
+    """One ``P`` of a per-process memory benchmark: the largest base, peak, ``peak - base`` and times."""
+    return dict(
+        P=p,
+        base_mib=max(r["base_mib"] for r in recs),
+        peak_mib=max(r["peak_mib"] for r in recs),
+        above_mib=max(r["peak_mib"] - r["base_mib"] for r in recs),
+        first_s=max(r["first_s"] for r in recs),
+        iter_s=max((r["iter_s"] for r in recs if r["iter_s"] is not None), default=None),
+        bitwise_vs_P1=bool(bitwise),
+    )
+
+
+def memory_table(rows) -> str:
+    """The Markdown table of :func:`memory_row` rows (``above_ratio`` added: ``above`` over the first row's)."""
+    for r in rows:
+        r["above_ratio"] = r["above_mib"] / rows[0]["above_mib"]
+    hdr = ["P", "base MiB", "peak MiB", "above base MiB", "above / P=1", "first s", "iter s", "bitwise = P=1"]
+    body = [
+        [
+            str(r["P"]),
+            fmt(r["base_mib"], ".0f"),
+            fmt(r["peak_mib"], ".0f"),
+            fmt(r["above_mib"], ".0f"),
+            fmt(r["above_ratio"], ".2f"),
+            fmt(r["first_s"], ".1f"),
+            fmt(r["iter_s"], ".2f"),
+            str(r["bitwise_vs_P1"]),
+        ]
+        for r in rows
+    ]
+    return markdown_table(hdr, body)

@@ -33,8 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 
@@ -43,12 +41,6 @@ sys.path.insert(0, HERE)
 import _common as C  # noqa: E402
 
 DL = 2.5e-6  # pixel size (radians)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ================================================================================================ child
@@ -204,29 +196,13 @@ def child(args):
 
 # ================================================================================================ parent
 def _spawn(args, nproc, out, mode="distributed"):
-    port = _free_port()
+    port = C.free_port()
     base = [sys.executable, os.path.abspath(__file__), "--child", "--mode", mode, "--port", str(port)]
     base += ["--nproc", str(nproc), "--out", out]
     for flag in ("npix", "vis", "blocks", "pairs", "iterations", "cg_iters", "newton_iters", "seed", "noise"):
         base += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE]))
     n = 1 if mode == "forced" else nproc
-    procs = [
-        subprocess.Popen(base + ["--pid", str(i)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(n)
-    ]
-    recs = []
-    for i, p in enumerate(procs):
-        try:
-            so, se = p.communicate(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise SystemExit(f"P={nproc} ({mode}): no result within {args.timeout} s") from None
-        if p.returncode != 0:
-            raise SystemExit(f"P={nproc} ({mode}) process {i} failed:\n{se[-3000:]}")
-        recs += [json.loads(line) for line in so.splitlines() if line.startswith("{")]
-    return recs
+    return C.spawn_processes(base, n, args.timeout, f"P={nproc} ({mode})")
 
 
 def main(argv=None):
@@ -277,42 +253,15 @@ def main(argv=None):
             arrays = [arrays[f"arr_{i}"] for i in range(len(arrays.files))]
             ref = arrays if ref is None else ref
             bitwise = all(np.array_equal(a, b) for a, b in zip(arrays, ref))
-            above = max(r["peak_mib"] - r["base_mib"] for r in recs)
-            rows.append(
-                dict(
-                    P=p,
-                    base_mib=max(r["base_mib"] for r in recs),
-                    peak_mib=max(r["peak_mib"] for r in recs),
-                    above_mib=above,
-                    first_s=max(r["first_s"] for r in recs),
-                    iter_s=max(r["iter_s"] for r in recs if r["iter_s"] is not None),
-                    bitwise_vs_P1=bitwise,
-                )
-            )
+            rows.append(C.memory_row(p, recs, bitwise))
             print(json.dumps(rows[-1]), flush=True)
         forced = [] if args.no_forced else _spawn(args, 4, os.path.join(tmp, "forced.npz"), mode="forced")
-    a1 = rows[0]["above_mib"]
-    for r in rows:
-        r["above_ratio"] = r["above_mib"] / a1
+    table = C.memory_table(rows)
     print(
         f"\n{args.npix}^2 image, {args.vis} visibilities in {args.blocks} blocks, {args.pairs} pairs, "
         f"{args.iterations} MGVI iterations; one CPU device per process, 2 cores shared by all processes\n"
     )
-    hdr = ["P", "base MiB", "peak MiB", "above base MiB", "above / P=1", "first s", "iter s", "bitwise = P=1"]
-    body = [
-        [
-            str(r["P"]),
-            C.fmt(r["base_mib"], ".0f"),
-            C.fmt(r["peak_mib"], ".0f"),
-            C.fmt(r["above_mib"], ".0f"),
-            C.fmt(r["above_ratio"], ".2f"),
-            C.fmt(r["first_s"], ".1f"),
-            C.fmt(r["iter_s"], ".2f"),
-            str(r["bitwise_vs_P1"]),
-        ]
-        for r in rows
-    ]
-    print(C.markdown_table(hdr, body))
+    print(table)
     if forced:
         print("\none process, 4 forced CPU devices (time only):\n")
         fb = [[r["config"], C.fmt(r["first_s"], ".1f"), C.fmt(r["iter_s"], ".2f")] for r in forced]

@@ -240,3 +240,41 @@ def test_slab_path_needs_one_grid_with_two_axes():
     xi[cf._xi_name] = Slab(xi[cf._xi_name], GridLayout(4))
     with pytest.raises(ValueError, match="one sub-domain with at least 2 axes"):
         cf._field(xi)
+
+
+def test_mesh_slab_reductions_are_the_slab_reductions():
+    """A ``MeshSlab`` (a whole grid outside any shard_map, rows split over a mesh's model axis) reduces in a
+    shard_map to bitwise the one-device block-order sums (also for ``x . x``, one array twice), right to
+    rounding; its placement splits the rows (with a leading sample axis too)."""
+    from jax.sharding import NamedSharding
+
+    from shardvi.parallel.grid import MeshSlab, unsplit
+
+    rng = np.random.default_rng(5)
+    a, b = (jnp.asarray(rng.normal(size=(8, 4))) for _ in range(2))
+    stacked = jnp.asarray(rng.normal(size=(3, 8, 4)))
+
+    def reductions(x, y):
+        return tm.vdot(x, y), tm.vdot(x, x), tm.norm(y), tm.total(x), tm.all_finite(x)
+
+    ref = jax.jit(lambda a, b: reductions(Slab(a, GridLayout(B)), Slab(b, GridLayout(B))))(a, b)
+    for p in (2, 4):
+        mesh = Mesh(np.asarray(jax.devices()[:p]), (AX,), axis_types=(AxisType.Auto,))
+        lay = GridLayout(B, AX, p)
+        put = lambda v: jax.device_put(v, NamedSharding(mesh, P(AX)))  # noqa: E731
+        out = jax.jit(lambda a, b: reductions(MeshSlab(a, lay, mesh, 2), MeshSlab(b, lay, mesh, 2)))(put(a), put(b))
+        for u, v in zip(out, ref):
+            assert np.array_equal(np.asarray(u), np.asarray(v)), p
+        batched = MeshSlab(stacked, lay, mesh, 2)
+        assert batched.spec() == P(None, AX) and batched.spec("s") == P("s", AX)
+        placed = jax.device_put(stacked, batched.sharding())
+        assert placed.addressable_shards[0].data.shape == (3, 8 // p, 4)
+        assert not bool(jax.jit(lambda v: tm.all_finite(MeshSlab(v, lay, mesh, 2)))(placed.at[1, 7, 2].set(jnp.nan)))
+        kept = jax.jit(lambda v: unsplit({"f": MeshSlab(2 * v, lay, mesh, 2)}))(placed)["f"]
+        assert kept.sharding.is_equivalent_to(batched.sharding(), 3)
+    vd, vv, nrm, tot, fin = ref
+    np.testing.assert_allclose(vd, np.vdot(a, b), rtol=1e-13)
+    np.testing.assert_allclose(vv, np.vdot(a, a), rtol=1e-13)
+    np.testing.assert_allclose(nrm, np.linalg.norm(b), rtol=1e-13)
+    np.testing.assert_allclose(tot, np.sum(a), rtol=1e-13)
+    assert bool(fin)

@@ -11,6 +11,7 @@ from jax import tree_util as jtu
 from jax.sharding import NamedSharding
 
 from .blocks import blocked_nodes, model_specs
+from .grid import MeshSlab, is_mesh_slab
 from .mesh import (
     Layout,
     check_devices,
@@ -186,7 +187,15 @@ class MultiDevice(Strategy):
     def _finish(self, stacked, layout: Layout):
         """Drop the padding and replicate the stacked outputs (the all-gather)."""
         out = jtu.tree_map(lambda y: y[: layout.n], stacked)
-        return jax.lax.with_sharding_constraint(out, replicated(self.mesh))
+        if not any(is_mesh_slab(x) for x in jtu.tree_leaves(out, is_leaf=is_mesh_slab)):
+            return jax.lax.with_sharding_constraint(out, replicated(self.mesh))
+
+        def one(x):  # a MeshSlab's rows stay split over the model axis
+            if is_mesh_slab(x):
+                return MeshSlab(jax.lax.with_sharding_constraint(x.value, x.sharding()), x.layout, x.mesh, x.grid_ndim)
+            return jax.lax.with_sharding_constraint(x, replicated(self.mesh))
+
+        return jtu.tree_map(one, out, is_leaf=is_mesh_slab)
 
 
 def _is_field_split(node) -> bool:

@@ -37,6 +37,7 @@ from jax import tree_util as jtu
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from .grid import is_mesh_slab
 from .mesh import MODEL_AXIS
 from .strategy import chunked_apply, ordered_sum
 
@@ -143,19 +144,37 @@ def blocked_nodes(tree) -> list:
     return [n for n in jtu.tree_leaves(tree, is_leaf=is_blocked) if is_blocked(n)]
 
 
-def model_specs(tree, axis: str = MODEL_AXIS):
-    """A ``PartitionSpec`` per leaf of ``tree``: ``P(axis)`` for blocked likelihoods' data blocks, else ``P()``.
+def _is_field_split(node) -> bool:
+    return getattr(node, "field_split", False) is True
 
-    The data blocks are the non-scalar leaves of a blocked likelihood's ``blocks`` (their
-    leading axis is split: whole blocks per device); scalars there are replicated.
+
+def _is_split_node(node) -> bool:
+    return is_blocked(node) or _is_field_split(node) or is_mesh_slab(node)
+
+
+def model_specs(tree, axis: str = MODEL_AXIS, batch: str | None = None):
+    """A ``PartitionSpec`` per leaf of ``tree``: what the model axis splits, the rest replicated.
+
+    Split along their leading axis: the non-scalar leaves of a blocked likelihood's
+    ``blocks`` (whole blocks per device; scalars there are replicated), the grid rows of a
+    field-split likelihood's data (its ``partition_specs``) and the rows of a
+    :class:`~shardvi.parallel.grid.MeshSlab` (its ``spec``). With ``batch``, ``tree`` is
+    mapped over samples: every leaf's leading axis is split over ``batch`` too.
     """
-    rest = P()
     flat = []
-    for node in jtu.tree_leaves(tree, is_leaf=is_blocked):
-        if is_blocked(node):
+    for node in jtu.tree_leaves(tree, is_leaf=_is_split_node):
+        if is_mesh_slab(node):
+            flat.append(node.spec(batch))
+        elif batch is not None:
+            if is_blocked(node) or _is_field_split(node):
+                raise ValueError("internal: a likelihood mapped over samples")
+            flat.append(P(batch))
+        elif is_blocked(node):
             for path, leaf in jtu.tree_flatten_with_path(node)[0]:
                 split = path and path[0] == jtu.GetAttrKey("blocks") and len(getattr(leaf, "shape", ())) > 0
-                flat.append(P(axis) if split else rest)
+                flat.append(P(axis) if split else P())
+        elif _is_field_split(node):
+            flat.extend(jtu.tree_leaves(node.partition_specs(axis), is_leaf=lambda x: isinstance(x, P)))
         else:
-            flat.append(rest)
+            flat.append(P())
     return jtu.tree_unflatten(jtu.tree_structure(tree), flat)

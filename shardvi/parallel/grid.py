@@ -37,13 +37,19 @@ import jax.numpy as jnp
 from jax import tree_util as jtu
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from .strategy import chunked_apply, ordered_sum
 
 __all__ = [
     "GridLayout",
     "Slab",
+    "MeshSlab",
     "is_slab",
+    "is_mesh_slab",
+    "unsplit",
+    "slab_values",
     "block_map",
     "block_total",
     "grid_total",
@@ -155,8 +161,131 @@ class Slab:
 
 
 def is_slab(node) -> bool:
-    """Whether ``node`` is a :class:`Slab` (the ``is_leaf`` of reductions over a pytree with slabs)."""
+    """Whether ``node`` is a :class:`Slab` (one device's rows, inside a ``shard_map``) or a :class:`MeshSlab`."""
     return getattr(type(node), "_shardvi_slab", False) is True
+
+
+def is_mesh_slab(node) -> bool:
+    """Whether ``node`` is a :class:`MeshSlab` (a whole grid split over a mesh, outside any ``shard_map``)."""
+    return type(node) is MeshSlab
+
+
+@jtu.register_pytree_node_class
+class MeshSlab:
+    """A pytree node: a grid-shaped array, outside any ``shard_map``, whose rows ``mesh`` splits over ``layout.axis``.
+
+    The form of a field-split latent in the engine's own (GSPMD) programs: ``value`` is the
+    whole grid, after ``value.ndim - grid_ndim`` leading batch axes (samples), placed with
+    its rows split over the model axis (:meth:`sharding`), so no device holds another's
+    rows. A strategy that maps a function over it (``ShardMap(model_shards=k)``) hands each
+    device its rows (:meth:`spec` is the ``shard_map`` in-spec); the reductions of
+    :mod:`shardvi.tree_math` (inner products, norms, sums, finiteness) run in a
+    ``shard_map`` over ``mesh`` as per-block sums combined in block order, bitwise the
+    same as those of a :class:`Slab` and of the one-device grid cut into the same blocks.
+
+    Parameters
+    ----------
+    value : array
+        ``(*batch, N0, N1, ...)``.
+    layout : GridLayout
+        The blocks and the model axis (``axis`` a name of ``mesh``, ``shards`` its size).
+    mesh : jax.sharding.Mesh
+    grid_ndim : int
+        Axes of the grid (``N0, N1, ...``); the axes before them are batch axes.
+    """
+
+    _shardvi_slab = True  # tree_math's reductions dispatch on it
+
+    def __init__(self, value, layout: GridLayout, mesh: Mesh, grid_ndim: int):
+        self.value = value
+        self.layout = layout
+        self.mesh = mesh
+        self.grid_ndim = grid_ndim
+
+    def tree_flatten(self):
+        return (self.value,), (self.layout, self.mesh, self.grid_ndim)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(children[0], *aux)
+
+    def spec(self, batch=None) -> P:
+        """The partition spec of ``value``: rows over the model axis, the first batch axis over ``batch``."""
+        lead = [None] * (len(self.value.shape) - self.grid_ndim)
+        if batch is not None:
+            if not lead:
+                raise ValueError("internal: a MeshSlab without a batch axis mapped over samples")
+            lead[0] = batch
+        return P(*lead, self.layout.axis)
+
+    def sharding(self) -> NamedSharding:
+        """Where ``value`` lives: its rows split over the model axis of ``mesh``, replicated otherwise."""
+        return NamedSharding(self.mesh, self.spec())
+
+    @property
+    def size(self) -> int:
+        """Entries of the whole grid (static)."""
+        return int(math.prod(self.value.shape))
+
+    def _reduce(self, fn, *others):
+        """``fn(local values..., manual layout)`` in a ``shard_map`` over ``mesh`` (a replicated scalar)."""
+        if len(self.value.shape) != self.grid_ndim:
+            raise ValueError(
+                f"internal: a reduction over a grid with {len(self.value.shape) - self.grid_ndim} batch axes"
+            )
+        local = GridLayout(self.layout.blocks, self.layout.axis, self.layout.shards)
+        # one input per distinct array: inside, ``fn(v, v)`` then sees one value twice, as the per-device and
+        # the one-device code do (XLA compiles ``x . x`` unlike ``x . y``: the same bits need the same form)
+        values = [self.value] + [o.value for o in others]
+        distinct = list({id(v): v for v in values}.values())
+        where = [next(i for i, d in enumerate(distinct) if d is v) for v in values]
+        mapped = jax.shard_map(
+            lambda *d: fn(*(d[i] for i in where), local),
+            mesh=self.mesh,
+            in_specs=(self.spec(),) * len(distinct),
+            out_specs=P(),
+            check_vma=False,
+        )
+        return mapped(*distinct)
+
+    def vdot(self, other: MeshSlab):
+        return self._reduce(grid_vdot, other)
+
+    def total(self):
+        return self._reduce(grid_total)
+
+    def all_finite(self):
+        spec = self.spec()
+        mapped = jax.shard_map(
+            lambda v: all_devices(jnp.all(jnp.isfinite(v)), self.layout),
+            mesh=self.mesh,
+            in_specs=(spec,),
+            out_specs=P(),
+            check_vma=False,
+        )
+        return mapped(self.value)
+
+    def normal(self, key):
+        raise TypeError("internal: random draws of a field-split grid are made per device (inside the strategy)")
+
+    def __repr__(self):
+        return f"MeshSlab({self.value!r}, {self.layout}, grid_ndim={self.grid_ndim})"
+
+
+def slab_values(tree):
+    """``Slab`` / ``MeshSlab`` leaves replaced by their arrays as they are (no operation: for host code)."""
+    return jtu.tree_map(lambda x: x.value if is_slab(x) else x, tree, is_leaf=is_slab)
+
+
+def unsplit(tree):
+    """``Slab`` / ``MeshSlab`` leaves replaced by their arrays (a ``MeshSlab``'s kept on its sharding)."""
+
+    def one(x):
+        if is_mesh_slab(x):
+            return jax.lax.with_sharding_constraint(x.value, x.sharding())
+        return x.value if is_slab(x) else x
+
+    return jtu.tree_map(one, tree, is_leaf=is_slab)
 
 
 # --------------------------------------------------------------------------------------- primitives
@@ -240,18 +369,22 @@ def _blocks(x, layout: GridLayout):
 def _loop_blocks(fn: Callable, stacked: tuple):
     """``fn`` on entry ``b`` of every array in ``stacked`` (leading axis: the local blocks), stacked.
 
-    A ``scan`` (differentiable) with one spare pass that reads the last block again and is
-    dropped: the loop always has at least two passes, so XLA never inlines it into (and fuses it
-    with) the surrounding program, as it would a loop of one pass on a device that holds one
-    block. Every block is then computed by the same loop-body program on any layout (XLA:CPU
-    contracts a multiply and an add into an FMA where it fuses them: fusion decides the bits).
-    Blocks are read in place (no copy of the slab).
+    A ``scan`` (differentiable) over the blocks and one spare pass, which reads a copy of the
+    last block appended to each array and is dropped. The loop always has at least two passes,
+    so XLA never inlines it into (and fuses it with) the surrounding program, as it would a
+    loop of one pass on a device that holds one block; and each pass reads entry ``i`` of an
+    array with at least two entries, a read XLA can neither drop (a slice of a length-1 axis
+    is the whole array) nor prove the same in every pass (it would hoist the per-block
+    computation out of the loop). Every block is then computed by the same loop-body program
+    on any layout (XLA:CPU contracts a multiply and an add into an FMA where it fuses them, and
+    picks a dot's kernel by its context: the program decides the bits). Cost: one copy of the
+    arrays per loop.
     """
     n = stacked[0].shape[0]
+    padded = tuple(jnp.concatenate([a, a[-1:]]) for a in stacked)
 
     def one(i):
-        at = jnp.minimum(i, n - 1)
-        return fn(*(jax.lax.dynamic_index_in_dim(a, at, keepdims=False) for a in stacked))
+        return fn(*(jax.lax.dynamic_index_in_dim(a, i, keepdims=False) for a in padded))
 
     out = jax.lax.map(one, jnp.arange(n + 1))
     return jtu.tree_map(lambda o: o[:n], out)

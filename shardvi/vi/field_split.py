@@ -17,6 +17,16 @@ in block order (:mod:`shardvi.parallel.grid`). The solvers therefore iterate
 identically, and results are bitwise equal, on one device and on any mesh
 whose ``model_shards`` divides ``B``.
 
+In the engine's own programs the latents keep their rows split too
+(:func:`split_latent`): with ``model_shards = k > 1`` every grid leaf of the
+position and the residuals is a :class:`~shardvi.parallel.grid.MeshSlab`,
+placed with its rows split over the model axis; the strategy hands each
+device its rows and returns the per-device slabs split, and the KL's
+Newton-CG, whose vectors are these, reduces over them per block in a
+``shard_map`` (the same block-order sums). No device ever holds a whole
+grid-shaped latent; the data's grid rows are split the same way
+(:meth:`FieldSplitLikelihood.partition_specs`).
+
 Used directly (outside the engine's per-device work) the likelihood takes and
 returns whole latent arrays like any other; on one device (or outside a model
 axis) the slab is the whole grid.
@@ -31,14 +41,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
+from jax.sharding import PartitionSpec as P
 
 from .. import tree_math as tm
 from ..models.responses import UNOBSERVED, pixel_responses_recorded, pixels_on_grid
-from ..parallel.blocks import current_model_axis
-from ..parallel.grid import GridLayout, Slab, block_map, block_total, gather_rows, is_slab, local_rows
+from ..parallel.blocks import MODEL_AXIS, current_model_axis
+from ..parallel.grid import (
+    GridLayout,
+    MeshSlab,
+    Slab,
+    block_map,
+    block_total,
+    gather_rows,
+    is_mesh_slab,
+    is_slab,
+    local_rows,
+)
+from ..parallel.strategy import ordered_sum
 from .likelihood import AmendedLikelihood, Likelihood, register_field_split_class
 
-__all__ = ["FieldSplitLikelihood", "per_device", "whole"]
+__all__ = ["FieldSplitLikelihood", "per_device", "whole", "split_latent", "field_split_chi2_sums"]
 
 
 def _grid_rows(likelihood: Likelihood) -> int:
@@ -84,6 +106,7 @@ class FieldSplitLikelihood(AmendedLikelihood):
             raise ValueError(f"field_blocks must be an int >= 1, got {field_blocks!r}")
         # data of a Mask / Sampling of the field: held on the grid, unobserved pixels ignored
         self.observed = self.response = None
+        self.data_domain = likelihood.domain  # the data as given (for the chi^2's degrees of freedom)
         response = _find_pixel_response(likelihood, model)
         if response is not None:
             flat, grid_shape = response.pixel_indices(), tuple(response.shape)
@@ -105,6 +128,8 @@ class FieldSplitLikelihood(AmendedLikelihood):
             )
         self.n_blocks = int(field_blocks)
         self.grid_rows = rows
+        # static: which of the likelihood's leaves hold the grid's rows (split over a model axis with the field)
+        self.data_split = tuple(np.ndim(a) >= 1 and np.shape(a)[0] == rows for a in jtu.tree_leaves(likelihood))
         # static: which latent leaves are split with the data (those with a data grid's shape)
         self.latent_split = jtu.tree_map(lambda d: tuple(d.shape) in grid, model.domain)
 
@@ -124,6 +149,16 @@ class FieldSplitLikelihood(AmendedLikelihood):
                 f"a model row holds the same number of whole blocks"
             )
         return GridLayout(self.n_blocks, axis.name, axis.size)
+
+    def partition_specs(self, axis: str):
+        """A ``PartitionSpec`` per leaf: ``P(axis)`` for the data's grid rows and the observed pixels, else ``P()``."""
+        flags = iter(self.data_split)
+        flat = []
+        for path, _ in jtu.tree_flatten_with_path(self)[0]:
+            name = path[0].name if isinstance(path[0], jtu.GetAttrKey) else None
+            split = next(flags) if name == "likelihood" else name == "observed"
+            flat.append(P(axis) if split else P())
+        return jtu.tree_unflatten(jtu.tree_structure(self), flat)
 
     def per_device(self, layout: GridLayout | None = None) -> _DeviceView:
         """The likelihood as one device of the model axis sees it (latent with ``Slab`` leaves)."""
@@ -189,27 +224,38 @@ class _DeviceView(AmendedLikelihood):
 
         self.parent = parent
         self.layout_ = layout
-        self.likelihood = jtu.tree_map(lambda a: self._data_leaf(a, layout), parent.likelihood)
+        leaves, treedef = jtu.tree_flatten(parent.likelihood)
+        self.likelihood = jtu.tree_unflatten(
+            treedef, [Slab(self._rows(a), layout) if s else a for a, s in zip(leaves, parent.data_split)]
+        )
         # the device's rows of the observed pixels (data of a Mask / Sampling), None: every pixel
-        self.observed = None if parent.observed is None else local_rows(parent.observed, layout)
+        self.observed = None if parent.observed is None else self._rows(parent.observed)
         self.model = functools.partial(_slab_model, parent.model, layout, self.observed)
         self.domain = jtu.tree_map(lambda d, s: split_sds(d) if s else d, parent.domain, parent.latent_split)
         lsm = parent.likelihood.lsm_tangents_shape
         self.lsm_tangents_shape = None if lsm is None else jtu.tree_map(split_sds, lsm)
 
-    def _data_leaf(self, a, layout):
-        if np.ndim(a) >= 1 and np.shape(a)[0] == self.parent.grid_rows:
-            return Slab(local_rows(a, layout), layout)
-        return a
+    def _rows(self, a):
+        """The device's rows of a grid-shaped array: ``a`` itself when it holds them already (split by the
+        strategy's in-specs, :meth:`FieldSplitLikelihood.partition_specs`), else cut from the whole grid."""
+        layout = self.layout_
+        return local_rows(a, layout) if layout.shards > 1 and np.shape(a)[0] == self.parent.grid_rows else a
 
     def local(self, xi):
-        """Whole latent arrays -> the device's slabs at the split leaves (``Slab`` leaves kept)."""
-        return jtu.tree_map(
-            lambda x, s: x if (is_slab(x) or not s) else Slab(local_rows(x, self.layout_), self.layout_),
-            xi,
-            self.parent.latent_split,
-            is_leaf=is_slab,
-        )
+        """Latent arrays -> the device's slabs at the split leaves.
+
+        A whole array is cut to the device's rows; a :class:`~shardvi.parallel.grid.MeshSlab`
+        (split by the strategy) holds them already; a ``Slab`` is kept.
+        """
+
+        def one(x, s):
+            if is_mesh_slab(x):
+                return Slab(x.value, self.layout_)
+            if is_slab(x) or not s:
+                return x
+            return Slab(local_rows(x, self.layout_), self.layout_)
+
+        return jtu.tree_map(one, xi, self.parent.latent_split, is_leaf=is_slab)
 
     def local_data(self, e):
         """Whole data-shaped arrays -> the device's slabs."""
@@ -367,3 +413,61 @@ def per_device(lh, *latents):
         return (lh, *latents)
     v = lh.per_device()
     return (v, *(v.local(x) for x in latents))
+
+
+def split_latent(lh, strategy, tree):
+    """``tree`` (latents, optionally with leading sample axes) with the grid leaves of a field-split ``lh`` marked.
+
+    What the engine hands its compiled steps: a :class:`~shardvi.parallel.grid.MeshSlab` per
+    grid leaf when ``strategy`` splits the field over a model axis (``model_shards > 1``:
+    placed with its rows split, never whole on one device), else a ``Slab`` of the whole grid
+    (one device: the same block-order reductions). Any other likelihood: ``tree`` unchanged.
+    """
+    if not isinstance(lh, FieldSplitLikelihood):
+        return tree
+    k = getattr(strategy, "model_shards", 1)
+    if k == 1:
+        layout = GridLayout(lh.n_blocks)
+        return jtu.tree_map(lambda x, s: Slab(x, layout) if s else x, tree, lh.latent_split)
+    if lh.n_blocks % k:
+        raise ValueError(
+            f"model_shards={k} does not divide field_blocks={lh.n_blocks}: every model shard holds the same "
+            f"number of whole blocks of grid rows"
+        )
+    layout, mesh = GridLayout(lh.n_blocks, MODEL_AXIS, k), strategy.mesh
+    return jtu.tree_map(
+        lambda x, s, d: MeshSlab(x, layout, mesh, len(d.shape)) if s else x, tree, lh.latent_split, lh.domain
+    )
+
+
+def field_split_chi2_sums(lh: FieldSplitLikelihood, pos, residuals, strategy):
+    """:func:`~shardvi.vi.diagnostics.chi2_sums` of a field-split likelihood, each sample's sums per device.
+
+    ``pos`` and ``residuals`` as the engine passes them (:func:`split_latent`). Per sample:
+    the squared normalized residual (zero at unobserved pixels) and the squared latent,
+    summed over the grid in block order; the samples' sums are then added in sample order.
+    The same bits on every layout.
+    """
+
+    def one(lik, p, r):
+        lik, p, r = per_device(lik, p, r)
+        x = tm.add(p, r)
+        nr = lik.normalized_residual(x) if lh.has_normalized_residual else {}
+        return _pooled_squares(nr), _pooled_squares(x)
+
+    n = jtu.tree_leaves(residuals)[0].shape[0]
+    if n == 0:  # no samples: the sums at pos (as Samples.samples)
+        residuals, n = jtu.tree_map(lambda x: jnp.zeros((1, *x.shape), x.dtype), pos), 1
+    lik_sums, prior_sums = strategy.map(one, (None, None, 0))(lh, pos, residuals)
+    data = sum(math.prod(d.shape) for d in jtu.tree_leaves(lh.data_domain))
+    lik = (ordered_sum(lik_sums), n * data) if lh.has_normalized_residual else None
+    return lik, (ordered_sum(prior_sums), n * tm.size(pos))
+
+
+def _pooled_squares(tree):
+    """``sum |x|^2`` per real degree of freedom (halved for complex leaves), leaf by leaf (slabs in block order)."""
+    parts = []
+    for x in jtu.tree_leaves(tree, is_leaf=is_slab):
+        dtype = x.value.dtype if is_slab(x) else x.dtype
+        parts.append(tm.vdot(x, x) / (2 if jnp.issubdtype(dtype, jnp.complexfloating) else 1))
+    return sum(parts[1:], parts[0]) if parts else jnp.zeros(())

@@ -5,8 +5,9 @@ from __future__ import annotations
 import jax
 
 from .. import tree_math as tm
+from ..parallel.grid import is_slab, unsplit
 from ..parallel.strategy import map_mean
-from .field_split import per_device, whole
+from .field_split import per_device
 from .likelihood import Likelihood
 
 __all__ = ["hamiltonian", "hamiltonian_metric", "hamiltonian_metric_operator", "kl_value_and_grad", "kl_metric"]
@@ -35,34 +36,51 @@ def kl_value_and_grad(lh: Likelihood, pos, residuals, strategy):
     objective ``H(pos)``.
     """
     vg = _blocked_value_and_grad if lh.blocked else jax.value_and_grad(hamiltonian, argnums=1)
+    split = getattr(lh, "field_split", False)
     if _n(residuals) == 0:
-        return vg(lh, pos)
+        if not split:
+            return vg(lh, pos)
+        residuals = _one_zero_residual(pos)  # mean over one zero residual: H(pos), evaluated per device
 
-    def one(lik, p, r):  # a field-split likelihood: per device on slabs, the gradient gathered (per_device)
+    def one(lik, p, r):  # a field-split likelihood: per device on slabs (per_device), the gradient a slab
         lik, p, r = per_device(lik, p, r)
-        v, g = vg(lik, tm.add(p, r))
-        return v, whole(g)
+        return vg(lik, tm.add(p, r))
 
     # the likelihood is passed to the strategy as a broadcast argument (its arrays are never closed over)
-    return map_mean(strategy, one, (None, None, 0))(lh, pos, residuals)
+    return _like(pos, map_mean(strategy, one, (None, None, 0))(lh, pos, residuals))
 
 
 def kl_metric(lh: Likelihood, pos, residuals, tangent, strategy):
     """Sample-averaged metric ``mean_i M(pos + r_i) t``."""
     if _n(residuals) == 0:
-        return hamiltonian_metric(lh, pos, tangent)
+        if not getattr(lh, "field_split", False):
+            return hamiltonian_metric(lh, pos, tangent)
+        residuals = _one_zero_residual(pos)
 
     def one(lik, p, r, t):
         lik, p, r, t = per_device(lik, p, r, t)
-        return whole(hamiltonian_metric(lik, tm.add(p, r), t))
+        return hamiltonian_metric(lik, tm.add(p, r), t)
 
-    return map_mean(strategy, one, (None, None, 0, None))(lh, pos, residuals, tangent)
+    return _like(pos, map_mean(strategy, one, (None, None, 0, None))(lh, pos, residuals, tangent))
 
 
 def _blocked_value_and_grad(lh, xi):
     """``H`` and its gradient from a blocked likelihood's own ``energy_and_grad`` (its sums are not differentiated)."""
     e, g = lh.energy_and_grad(xi)
     return e + 0.5 * tm.vdot(xi, xi), tm.add(g, xi)
+
+
+def _like(pos, out):
+    """``out`` with plain arrays where ``pos`` has them: a field-split likelihood's slab outputs unwrapped
+    unless the caller passed slabs (the engine, :func:`~shardvi.vi.field_split.split_latent`)."""
+    if any(is_slab(x) for x in jax.tree_util.tree_leaves(pos, is_leaf=is_slab)):
+        return out
+    return unsplit(out)
+
+
+def _one_zero_residual(pos):
+    """A stack of one zero residual shaped like ``pos`` (slab nodes kept)."""
+    return jax.tree_util.tree_map(lambda x: jax.numpy.zeros((1,) + x.shape, x.dtype), pos)
 
 
 def _n(residuals) -> int:

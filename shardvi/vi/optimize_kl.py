@@ -20,6 +20,7 @@ from ..minimizers.config import CGConfig, NewtonCGConfig
 from ..minimizers.minimizer import Minimizer
 from ..minimizers.solution import Solution
 from ..models.model import check_latent
+from ..parallel.grid import slab_values, unsplit
 from ..parallel.mesh import check_devices
 from ..parallel.reproducible import (
     check_compiler_options,
@@ -35,7 +36,7 @@ from .errors import (
     check_kl_result,
     check_sampling_finite,
 )
-from .field_split import per_device, whole
+from .field_split import field_split_chi2_sums, per_device, split_latent
 from .kl import kl_metric, kl_value_and_grad
 from .likelihood import Likelihood
 from .masks import parse_selection, project
@@ -189,25 +190,27 @@ class OptimizeVI:
         smask, omask = self._sample_mask, self._opt_mask
         sstrat, kstrat = self.sample_strategy, self.kl_strategy
 
-        # the likelihood (data, noise, model arrays) is an argument of every step, never a constant
-        # per_device: a field-split likelihood's per-device view, the latent as slabs of the grid (other
-        # likelihoods unchanged); whole: the residual gathered back into whole arrays
+        # the likelihood (data, noise, model arrays) is an argument of every step, never a constant.
+        # A field-split likelihood: the latents come in with their grid leaves marked (split_latent: rows split
+        # over the model axis), per_device gives the per-device view and the latent as slabs, the strategy
+        # returns the slabs split (MeshSlab), and unsplit hands back arrays (rows still split). Other
+        # likelihoods: all of these leave everything unchanged.
         def draw_linear(lh, pos, keys, config):
             def fn(lik, p, k):
                 lik, p = per_device(lik, p)
                 r, info = draw_linear_residual(lik, p, k, config, sample_mask=smask)
-                return whole(r), info.nit, info.status
+                return r, info.nit, info.status
 
-            r, nit, status = sstrat.map(fn, (None, None, 0))(lh, pos, keys)
+            r, nit, status = unsplit(sstrat.map(fn, (None, None, 0))(lh, pos, keys))
             return r, nit, status, tm.all_finite(r)
 
         def curve(lh, pos, residuals, keys, signs, config):
             def fn(lik, p, r, k, s):
                 lik, p, r = per_device(lik, p, r)
                 r, info = nonlinearly_update_residual(lik, p, r, k, s, config, sample_mask=smask)
-                return whole(r), info.nit, info.status
+                return r, info.nit, info.status
 
-            r, nit, status = sstrat.map(fn, (None, None, 0, 0, 0))(lh, pos, residuals, keys, signs)
+            r, nit, status = unsplit(sstrat.map(fn, (None, None, 0, 0, 0))(lh, pos, residuals, keys, signs))
             return r, nit, status, tm.all_finite(r)
 
         def minimize(lh, pos, residuals, config):
@@ -226,9 +229,11 @@ class OptimizeVI:
                     f"shardvi.minimizers.Solution, got {type(res).__name__}"
                 )
             # the finiteness check runs here, compiled with the step (not as eager ops on the host)
-            return res, tm.all_finite(res.x) & jnp.isfinite(res.fun)
+            return unsplit(res), tm.all_finite(res.x) & jnp.isfinite(res.fun)
 
         def diagnostics(lh, pos, residuals):
+            if getattr(lh, "field_split", False):
+                return field_split_chi2_sums(lh, pos, residuals, kstrat)
             samples = Samples(pos, residuals)
             if not (lh.blocked and lh.has_chi2_sum):
                 return chi2_sums(samples, lh)
@@ -252,7 +257,7 @@ class OptimizeVI:
         self._draw_linear = _WithLikelihood(Placed(sstrat, rjit(draw_linear, sstrat)), lh_s)
         self._curve = _WithLikelihood(Placed(sstrat, rjit(curve, sstrat)), lh_s)
         self._minimize = _WithLikelihood(Placed(kstrat, rjit(minimize, kstrat)), lh_k)
-        self._interleave = Placed(sstrat, ejit(interleave_pairs, sstrat))
+        self._interleave = Placed(sstrat, ejit(lambda r: unsplit(interleave_pairs(r)), sstrat))
         self._diagnostics = _WithLikelihood(Placed(kstrat, ejit(diagnostics, kstrat)), lh_k)
         self._repeat_keys = Placed(sstrat, ejit(lambda keys: jnp.repeat(keys, 2, axis=0), sstrat))
 
@@ -322,19 +327,22 @@ class OptimizeVI:
             return np.zeros((count, *np.shape(key)), jnp.result_type(key))
 
         def curve():
-            return self._curve.lower(pos, residuals(), keys(per_key * n), self._signs(n), config=nonlin)
+            return self._curve.lower(
+                self._split(pos), self._split(residuals()), keys(per_key * n), self._signs(n), config=nonlin
+            )
 
         steps = []
         if plan.source is SampleSource.UPDATE:
             steps.append((("curve", nonlin, n), curve))
         elif plan.source is not SampleSource.NONE:
-            steps.append((("draw", lin, n), lambda: self._draw_linear.lower(pos, keys(n), config=lin)))
+            steps.append((("draw", lin, n), lambda: self._draw_linear.lower(self._split(pos), keys(n), config=lin)))
             if plan.mode.nonlinear:
                 steps.append((("curve", nonlin, n), curve))
         # the small diagnostics step before the KL step, which it follows in the call order: it then compiles
         # while the KL step is still being lowered instead of delaying the compilations after that
-        steps.append((("diagnostics", n), lambda: self._diagnostics.lower(pos, residuals())))
-        steps.append((("kl", klc, n), lambda: self._minimize.lower(pos, residuals(), config=klc)))
+        kpos = self._split(pos, True)
+        steps.append((("diagnostics", n), lambda: self._diagnostics.lower(kpos, self._split(residuals(), True))))
+        steps.append((("kl", klc, n), lambda: self._minimize.lower(kpos, self._split(residuals(), True), config=klc)))
         return steps
 
     # -- state -------------------------------------------------------------------------------
@@ -376,7 +384,9 @@ class OptimizeVI:
             keys = samples.keys
             signs = self._signs(n)
             self._stage("geoVI update", ("curve", nonlin, n))
-            r, nl_nit, st, ok = self._curve(pos, samples.residuals, self._expand(keys), signs, config=nonlin)
+            r, nl_nit, st, ok = self._curve(
+                self._split(pos), self._split(samples.residuals), self._expand(keys), signs, config=nonlin
+            )
             check_sampling_finite(ok, st, iteration, "sampling (geoVI update)")
             nl_st = sample_status(
                 st,
@@ -392,7 +402,7 @@ class OptimizeVI:
         mode = plan.mode
         keys = samples.keys if plan.source is SampleSource.REUSE else jax.random.split(key, n)
         self._stage("MGVI sampling", ("draw", lin, n))
-        r, cg_nit, st, ok = self._draw_linear(pos, keys, config=lin)
+        r, cg_nit, st, ok = self._draw_linear(self._split(pos), keys, config=lin)
         check_sampling_finite(ok, st, iteration, "sampling (MGVI linear CG)")
         cg_st = sample_status(
             st,
@@ -403,11 +413,13 @@ class OptimizeVI:
             metric_must_be_pd=True,
         )
         if self.mirror_samples:
-            r = self._interleave(r)
+            r = self._interleave(self._split(r))
         nl_nit, nl_st = [], []
         if mode.nonlinear:
             self._stage("geoVI update", ("curve", nonlin, n))
-            r, nl, st, ok = self._curve(pos, r, self._expand(keys), self._signs(n), config=nonlin)
+            r, nl, st, ok = self._curve(
+                self._split(pos), self._split(r), self._expand(keys), self._signs(n), config=nonlin
+            )
             check_sampling_finite(ok, st, iteration, "sampling (geoVI update)")
             nl_nit = np.asarray(nl).tolist()
             nl_st = sample_status(
@@ -419,6 +431,19 @@ class OptimizeVI:
                 metric_must_be_pd=False,
             )
         return Samples(pos, r, keys), np.asarray(cg_nit).tolist(), nl_nit, mode, cg_st, nl_st
+
+    def _split(self, tree, kl: bool = False):
+        """Latents for a step of the sampling (``kl=False``) or KL strategy: a field-split likelihood's grid
+        leaves marked, to be placed with their rows split (:func:`~shardvi.vi.field_split.split_latent`)."""
+        return split_latent(self.likelihood, self.kl_strategy if kl else self.sample_strategy, tree)
+
+    def _place_samples(self, samples: Samples) -> Samples:
+        """``samples`` placed for the KL strategy (a field split's grid rows kept split over its model axis)."""
+        if not getattr(self.likelihood, "field_split", False):
+            return place(self.kl_strategy, samples)
+        kstrat = self.kl_strategy
+        pos, res = (slab_values(place(kstrat, self._split(t, True))) for t in (samples.pos, samples.residuals))
+        return Samples(pos, res, None if samples.keys is None else place(kstrat, samples.keys))
 
     def _expand(self, keys):
         # fresh or reused keys: one placement, one compiled repeat
@@ -440,13 +465,13 @@ class OptimizeVI:
         self._precompile_ahead(samples, state)
         key, k_samples = jax.random.split(state.key)
         samples, cg_nit, nl_nit, mode, cg_st, nl_st = self.draw_samples(samples, k_samples, mode, n, lin, nonlin, nit)
-        samples = place(self.kl_strategy, samples)  # pos, residuals and keys on the same devices
+        samples = self._place_samples(samples)  # pos, residuals and keys on the same devices
         self._stage("KL minimization", ("kl", klc, n))
-        res, ok = self._minimize(samples.pos, samples.residuals, config=klc)
+        res, ok = self._minimize(self._split(samples.pos, True), self._split(samples.residuals, True), config=klc)
         check_kl_result(res.status, ok, nit)
         samples = samples.at(res.x)
         self._ahead.claim(("diagnostics", n))
-        stats = self._diagnostics(samples.pos, samples.residuals)
+        stats = self._diagnostics(self._split(samples.pos, True), self._split(samples.residuals, True))
         chi2_lh = reduced_chi2(stats[0]) if stats[0] is not None else None
         report = IterationReport(
             iteration=nit + 1,

@@ -102,7 +102,10 @@ def _structure(pos) -> dict:
     leaves_p = jtu.tree_flatten_with_path(pos)[0]
     return {
         "treedef": str(jtu.tree_structure(pos)),
-        "leaves": [[jtu.keystr(p), list(np.shape(x)), str(np.asarray(x).dtype)] for p, x in leaves_p],
+        "leaves": [
+            [jtu.keystr(p), list(np.shape(x)), str(np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype)]
+            for p, x in leaves_p
+        ],
     }
 
 

@@ -8,6 +8,7 @@ import logging
 import os
 import warnings
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
@@ -25,6 +26,15 @@ __all__ = ["save_checkpoint", "load_checkpoint", "has_checkpoint"]
 logger = logging.getLogger("shardvi")
 
 _KEEP = 2
+
+
+def _on_host(x) -> np.ndarray:
+    """``x`` as a NumPy array; an array split over processes (a field split's rows) gathered from all of them."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
 
 
 def save_checkpoint(directory, samples: Samples, state, *, fingerprint: dict | None = None) -> str:
@@ -52,9 +62,9 @@ def save_checkpoint(directory, samples: Samples, state, *, fingerprint: dict | N
         raise CheckpointError(f"checkpoint directory {d!r} cannot be created: {err.strerror or err}") from err
     arrays = {}
     for i, x in enumerate(jtu.tree_leaves(samples.pos)):
-        arrays[f"pos_{i}"] = np.asarray(x)
+        arrays[f"pos_{i}"] = _on_host(x)
     for i, x in enumerate(jtu.tree_leaves(samples.residuals)):
-        arrays[f"residuals_{i}"] = np.asarray(x)
+        arrays[f"residuals_{i}"] = _on_host(x)
     keys = samples.keys if samples.keys is not None else np.zeros((0, 2), np.uint32)
     arrays["keys"] = np.asarray(keys)
     arrays["state_key"] = np.asarray(state.key)
