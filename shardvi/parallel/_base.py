@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax import tree_util as jtu
 from jax.sharding import NamedSharding
 
-from .blocks import blocked_nodes, model_specs
+from .blocks import blocked_nodes, is_field_split, model_specs
 from .grid import MeshSlab, is_mesh_slab
 from .mesh import (
     Layout,
@@ -160,7 +160,7 @@ class MultiDevice(Strategy):
     def check_blocks(self, tree) -> None:
         """``ValueError`` unless ``model_shards`` divides the block count of every blocked likelihood in ``tree``
         (data blocks, or the field blocks of a likelihood amended with ``field_blocks``)."""
-        split = [n for n in jtu.tree_leaves(tree, is_leaf=_is_field_split) if _is_field_split(n)]
+        split = [n for n in jtu.tree_leaves(tree, is_leaf=is_field_split) if is_field_split(n)]
         for node in split:
             if node.n_blocks % self.model_shards:
                 raise ValueError(
@@ -196,10 +196,6 @@ class MultiDevice(Strategy):
             return jax.lax.with_sharding_constraint(x, replicated(self.mesh))
 
         return jtu.tree_map(one, out, is_leaf=is_mesh_slab)
-
-
-def _is_field_split(node) -> bool:
-    return getattr(node, "field_split", False) is True
 
 
 def masked_local_sum(values, layout: Layout, device_index):

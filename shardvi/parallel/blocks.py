@@ -144,12 +144,13 @@ def blocked_nodes(tree) -> list:
     return [n for n in jtu.tree_leaves(tree, is_leaf=is_blocked) if is_blocked(n)]
 
 
-def _is_field_split(node) -> bool:
+def is_field_split(node) -> bool:
+    """Whether ``node`` is a likelihood amended with ``field_blocks`` (its grid rows a model axis splits)."""
     return getattr(node, "field_split", False) is True
 
 
 def _is_split_node(node) -> bool:
-    return is_blocked(node) or _is_field_split(node) or is_mesh_slab(node)
+    return is_blocked(node) or is_field_split(node) or is_mesh_slab(node)
 
 
 def model_specs(tree, axis: str = MODEL_AXIS, batch: str | None = None):
@@ -166,14 +167,14 @@ def model_specs(tree, axis: str = MODEL_AXIS, batch: str | None = None):
         if is_mesh_slab(node):
             flat.append(node.spec(batch))
         elif batch is not None:
-            if is_blocked(node) or _is_field_split(node):
+            if is_blocked(node) or is_field_split(node):
                 raise ValueError("internal: a likelihood mapped over samples")
             flat.append(P(batch))
         elif is_blocked(node):
             for path, leaf in jtu.tree_flatten_with_path(node)[0]:
                 split = path and path[0] == jtu.GetAttrKey("blocks") and len(getattr(leaf, "shape", ())) > 0
                 flat.append(P(axis) if split else P())
-        elif _is_field_split(node):
+        elif is_field_split(node):
             flat.extend(jtu.tree_leaves(node.partition_specs(axis), is_leaf=lambda x: isinstance(x, P)))
         else:
             flat.append(P())

@@ -12,7 +12,7 @@ from jax import tree_util as jtu
 from jax.sharding import PartitionSpec as P
 
 from ._base import MultiDevice, divide, masked_local_sum
-from .blocks import MODEL_AXIS, model_axis, model_specs
+from .blocks import MODEL_AXIS, is_field_split, model_axis, model_specs
 from .grid import MeshSlab, is_mesh_slab, is_slab
 from .mesh import SAMPLE_AXIS
 from .strategy import chunked_apply, register_strategy
@@ -151,7 +151,7 @@ class ShardMap(MultiDevice):
 
 
 def _is_split_field(node) -> bool:
-    return is_mesh_slab(node) or getattr(node, "field_split", False) is True
+    return is_mesh_slab(node) or is_field_split(node)
 
 
 def _rows_out(tree, record: dict, batch: int) -> list:
