@@ -127,6 +127,25 @@ def test_grid_modes():
     np.testing.assert_allclose(g2.log_mode_lengths, np.log(g2.mode_lengths[1:] / g2.mode_lengths[1]))
 
 
+@pytest.mark.parametrize(
+    "shape,dist", [((7,), 0.3), ((16, 16), 1.0), ((12, 20), 1.0), ((15, 32), (1 / 15, 1 / 32)), ((9, 6, 10), 0.5)]
+)
+def test_power_index_bins_every_mode_by_its_length(shape, dist):
+    """The |k| bins against a direct construction: the sorted distinct |k| (rounded to 1e-10 of the largest
+    pixel), every harmonic pixel's bin and the bins' counts."""
+    g = RegularGrid(shape, dist)
+    k = np.sqrt(
+        sum(f**2 for f in np.meshgrid(*[np.fft.fftfreq(n, d) for n, d in zip(shape, g.distances)], indexing="ij"))
+    )
+    key = np.round(k / max(g.harmonic_distances), 8)
+    uniq, inv = np.unique(key, return_inverse=True)
+    np.testing.assert_array_equal(g.power_index, inv.reshape(shape))
+    assert g.power_index.dtype == np.int32
+    np.testing.assert_array_equal(g.multiplicity, np.bincount(inv.ravel()))
+    np.testing.assert_allclose(g.mode_lengths, uniq * max(g.harmonic_distances), rtol=1e-7)
+    np.testing.assert_allclose(g.k_lengths, k, rtol=1e-9)  # anisotropic grids bin |k|^2 rounded to 1e-10
+
+
 @pytest.mark.parametrize("shape,dist", [((32,), 0.3), ((12, 10), (0.5, 2.0)), ((6, 8, 5), (1.0, 0.2, 3.0))])
 @pytest.mark.slow
 def test_hartley_roundtrip_and_parseval(shape, dist):

@@ -7,11 +7,12 @@ result on the mesh layout (samples, model) = (1, 4), every device one block
 (the layouts (2, 2) and (4, 1), and data at every pixel, were checked when the
 engine changed, ``python tests/_field_split_worker.py masked 1x4 2x2 4x1`` and
 ``... grid 1x4 2x2 4x1``; left out here for the suite's time), in a fresh
-process at the shipped compiler level; the split likelihood equals the
+process at the shipped compiler level, its position and residuals coming
+back split over the model axis and its checkpoint whole; the split likelihood equals the
 unsplit one to rounding (energy, gradient, metric, metric square root) for
 data on the grid and of a ``Mask`` / ``Sampling``, and for likelihoods that
 sum themselves (Poisson, StudentT) on 4 devices of a model axis; bad
-configurations raise clear errors.
+configurations, and a model that needs the whole field, raise clear errors.
 """
 
 import functools
@@ -60,17 +61,19 @@ def split_likelihood(blocks=4):
     return sv.Gaussian(d, noise_std=std).amend(model, field_blocks=blocks)
 
 
-def run(strategy, name="grid"):
-    """One MGVI + geoVI + KL iteration (the model-parallel tests' :func:`run_layout`): (arrays, KL energy).
-
-    ``name``: ``"grid"`` (data at every pixel) or ``"masked"`` (the data of an ``sv.Mask``, :func:`masked`).
-    """
+def field_split_likelihood(name="grid"):
+    """``"grid"`` (data at every pixel) or ``"masked"`` (the data of an ``sv.Mask``, :func:`masked`), amended
+    with 4 field blocks."""
     if name == "grid":
-        lh = split_likelihood()
-    else:
-        model, d, std = masked()
-        lh = sv.Gaussian(d, noise_std=std).amend(model, field_blocks=4)
-    arrays, kl, _ = run_layout(lh, problem()[3], strategy)
+        return split_likelihood()
+    model, d, std = masked()
+    return sv.Gaussian(d, noise_std=std).amend(model, field_blocks=4)
+
+
+def run(strategy, name="grid", **kw):
+    """One MGVI + geoVI + KL iteration (the model-parallel tests' :func:`run_layout`) of
+    :func:`field_split_likelihood`: (arrays, KL energy)."""
+    arrays, kl, _ = run_layout(field_split_likelihood(name), problem()[3], strategy, **kw)
     return arrays, kl[0]
 
 
@@ -92,14 +95,13 @@ def test_mgvi_geovi_kl_bitwise_equal_to_one_device_on_every_mesh_layout():
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result == {"nonzero": True, "1x4": True}
+    assert result == {"nonzero": True, "1x4": {"bitwise": True, "split": True, "checkpoint_whole": True}}
 
 
 def test_split_likelihood_is_the_whole_likelihood():
     """Energy, gradient, metric and metric square root of the split likelihood (one device: all blocks
     local, block-order sums) equal those of the plain amended likelihood to rounding."""
     model, d, std, pos = problem()
-    split, whole = split_likelihood(), sv.Gaussian(d, noise_std=std).amend(model)
     t = jax.tree.map(lambda v: 0.3 * v, model.init(jax.random.PRNGKey(7)))
     e = jnp.asarray(np.random.default_rng(3).normal(size=(N, N)))
 
@@ -107,8 +109,11 @@ def test_split_likelihood_is_the_whole_likelihood():
         v, g = jax.value_and_grad(lh.energy)(pos)
         return v, g, lh.metric_operator(pos)(t), lh.left_sqrt_metric(pos, e), lh.normalized_residual(pos)
 
-    for a, b in zip(jax.tree.leaves(jax.jit(parts)(split)), jax.tree.leaves(jax.jit(parts)(whole))):
-        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12)
+    for noise in (std, 0.1):  # per pixel (split with the data) and one number (a scalar on every slab)
+        lh = sv.Gaussian(d, noise_std=noise)
+        split, whole = lh.amend(model, field_blocks=4), lh.amend(model)
+        for a, b in zip(jax.tree.leaves(jax.jit(parts)(split)), jax.tree.leaves(jax.jit(parts)(whole))):
+            np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12)
 
 
 def test_bad_configurations_raise_clear_errors():
@@ -132,10 +137,34 @@ def test_bad_configurations_raise_clear_errors():
         sv.optimize_kl(lh, pos, sample_map=strat, kl_map=strat, **kw)
 
 
+def test_a_model_that_needs_the_whole_field_is_named_under_shard_map():
+    """On a model axis each device evaluates the model on its rows of the field: an operation across the
+    grid's first axis (here a transpose, or adding a whole-grid array) is reported as such when the
+    per-device program is traced, naming what to do, instead of a JAX shape error or a wrong result."""
+    from shardvi.vi.kl import kl_value_and_grad
+
+    model, d, std, pos = problem()
+    res = jax.tree.map(lambda v: jnp.stack([v, -v]), pos)
+    st = ShardMap(devices=jax.devices()[:4], model_shards=4)
+    cases = {
+        "gives output shapes": lambda xi: model(xi).T,
+        "fails there": lambda xi: model(xi) + jnp.asarray(d),
+    }
+    for what, fn in cases.items():
+        lh = sv.Gaussian(d, noise_std=std).amend(sv.Model(fn, model.domain), field_blocks=4)
+        with pytest.raises(
+            ValueError,
+            match=rf"the model must act on the field row block by row block.*{what}.*"
+            r"\[\(2, 8\)\].*use model_shards=1",
+        ):
+            kl_value_and_grad(st.place(lh), pos, res, st)
+
+
 def assert_split_equals_whole(lh, model, pos, data_shape):
     """``lh`` amended with ``field_blocks=4`` against the unsplit ``lh.amend(model)`` (to rounding, same shapes):
-    the sample-averaged KL, its gradient and metric with ``Vmap`` and on the 4 devices of a model axis, each
-    holding a quarter of the grid, the metric square root and the normalized residual."""
+    the sample-averaged KL, its gradient and metric on the 4 devices of a model axis, each holding a quarter
+    of the grid, the metric square root and the normalized residual. (On one device the split likelihood is
+    bitwise its 4-device self: the mesh-layout test.)"""
     from shardvi.vi.kl import kl_metric, kl_value_and_grad
 
     split, whole = lh.amend(model, field_blocks=4), lh.amend(model)
@@ -155,11 +184,10 @@ def assert_split_equals_whole(lh, model, pos, data_shape):
         return jax.tree.leaves(f(pos, res, t, e))
 
     want = parts(whole, Vmap())
-    for strategy in (Vmap(), ShardMap(devices=jax.devices()[:4], model_shards=4)):
-        got = parts(split, strategy)
-        assert [np.shape(a) for a in got] == [np.shape(b) for b in want]
-        for a, b in zip(got, want):
-            np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12)
+    got = parts(split, ShardMap(devices=jax.devices()[:4], model_shards=4))
+    assert [np.shape(a) for a in got] == [np.shape(b) for b in want]
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12)
 
 
 def test_a_likelihood_that_sums_itself_gives_the_whole_grid_energy_on_every_device():
@@ -225,49 +253,24 @@ def test_masked_data_bad_configurations_raise_clear_errors():
         sv.Gaussian(np.ravel(d), noise_std=1.0).amend(flat_model, field_blocks=4)
 
 
-def test_the_latents_stay_split_over_the_model_axis():
-    """The position and residuals of a field-split run come back with their grid rows split over the model
-    axis (each device holds its rows only, hyperparameters replicated) and a checkpoint holds the whole
-    arrays; the KL's mean over samples with ``reduce="psum"`` (per-device sums of slabs) agrees with the
-    reproducible one to rounding."""
-    import tempfile
-
+def test_the_kl_mean_with_psum_is_the_reproducible_one_to_rounding():
+    """The KL's gradient and metric on slabs split over the model axis with ``reduce="psum"`` (per-device
+    sums of slabs, then an all-reduce) agree with the reproducible ones (block-order sums) to rounding.
+    (That a run's position and residuals come back split over the model axis and a checkpoint holds the
+    whole arrays is checked by the mesh-layout test's worker.)"""
     from shardvi.parallel.grid import unsplit
     from shardvi.vi.field_split import split_latent
     from shardvi.vi.kl import kl_metric, kl_value_and_grad
 
     lh = split_likelihood()
     pos = problem()[3]
-    strat = ShardMap(devices=jax.devices()[:4], model_shards=2)
-    with tempfile.TemporaryDirectory() as tmp:
-        samples, _ = sv.optimize_kl(
-            lh,
-            pos,
-            key=jax.random.PRNGKey(0),
-            n_total_iterations=1,
-            n_samples=1,
-            kl_minimization=sv.NewtonCGConfig(xtol=0, maxiter=1),
-            sample_map=strat,
-            kl_map=strat,
-            checkpoint_dir=tmp,
-            progress=False,
-        )
-        saved = np.load(os.path.join(tmp, "state-000001.npz"))
-        for i, a in enumerate(jax.tree.leaves(samples.pos)):
-            np.testing.assert_array_equal(saved[f"pos_{i}"], np.asarray(a))
-    split = jax.tree.leaves(lh.latent_split)
-    assert any(split)
-    for a, s in zip(jax.tree.leaves((samples.pos, samples.residuals)), split + split):  # pos, then residuals
-        shard = a.addressable_shards[0].data.shape
-        want = a.shape[:-2] + (a.shape[-2] // 2, a.shape[-1]) if s else a.shape
-        assert shard == want, (a.shape, shard)
-
-    res = samples.residuals
+    res = jax.tree.map(lambda v: jnp.stack([0.3 * v, -0.2 * v]), problem()[0].init(jax.random.PRNGKey(2)))
     out = {}
     for reduce in ("fixed", "psum"):
         st = ShardMap(devices=jax.devices()[:4], model_shards=2, reduce=reduce)
-        p, r = (st.place(split_latent(lh, st, x)) for x in (samples.pos, res))
+        p, r = (st.place(split_latent(lh, st, x)) for x in (pos, res))
         f = jax.jit(lambda lik, p, r: unsplit((kl_value_and_grad(lik, p, r, st), kl_metric(lik, p, r, p, st))))
         out[reduce] = jax.tree.leaves(f(st.place(lh), p, r))
+    assert any(np.any(np.asarray(a) != 0) for a in out["fixed"])
     for a, b in zip(out["fixed"], out["psum"]):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)

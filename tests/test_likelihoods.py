@@ -671,6 +671,29 @@ def test_pytree_data_and_noise():
     )
 
 
+def test_a_scalar_noise_is_held_as_a_scalar_and_acts_as_its_broadcast():
+    """``noise_std`` / ``noise_cov_inv`` given as one number stay 0-d arrays (no data-sized copies); energy,
+    metric, its square root and the residual are bitwise those with the noise given at every datum, and the
+    checkpoint fingerprint is that of the broadcast noise (a checkpoint of either resumes with the other)."""
+    from shardvi.vi.checkpoint.fingerprints import fingerprint
+
+    d = RNG.normal(size=(6, 5))
+    x, t = jnp.asarray(RNG.normal(size=d.shape)), jnp.asarray(RNG.normal(size=d.shape))
+    for kw in ({"noise_std": 0.3}, {"noise_cov_inv": 7.0}):
+        ((name, value),) = kw.items()
+        one, full = sv.Gaussian(d, **kw), sv.Gaussian(d, **{name: np.full(d.shape, value)})
+        assert all(np.ndim(a) == 0 for a in jax.tree.leaves(one) if a is not one.data)
+        assert sum(np.size(a) for a in jax.tree.leaves(one)) == d.size + 2
+
+        def parts(lh):
+            return lh.energy(x), lh.metric(x, t), lh.left_sqrt_metric(x, t), lh.normalized_residual(x)
+
+        for a, b in zip(jax.jit(parts)(one), jax.jit(parts)(full)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert fingerprint(one, x) == fingerprint(full, x)
+    assert fingerprint(sv.Gaussian(d, noise_std=0.3), x) != fingerprint(sv.Gaussian(d, noise_std=0.31), x)
+
+
 def test_single_leaf_pytree_noise():
     # a noise pytree with the data's structure must be used leaf by leaf, also for one leaf
     lh = sv.Gaussian({"a": np.ones(3)}, noise_std={"a": 0.5})

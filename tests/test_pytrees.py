@@ -40,7 +40,10 @@ def test_gaussian_is_a_class_whose_data_is_a_leaf():
         (lambda d: sv.Poisson(np.round(np.abs(d) * 3)), lambda d: [np.round(np.abs(d) * 3)]),
         (lambda d: sv.StudentT(d, dof=3.0, noise_std=0.5), lambda d: [d, np.full(d.shape, 3.0)]),
         (lambda d: sv.VariableCovarianceGaussian(d), lambda d: [d]),
-        (lambda d: sv.Gaussian(d, noise_cov_inv=4.0), lambda d: [d, np.full(d.shape, 4.0), np.full(d.shape, 2.0)]),
+        (
+            lambda d: sv.Gaussian(d, noise_cov_inv=4.0),
+            lambda d: [d, np.asarray(4.0), np.asarray(2.0)],
+        ),  # scalars stay scalars
     ],
 )
 def test_every_likelihood_holds_its_arrays_as_leaves(make, arrays):

@@ -55,6 +55,16 @@ def _as_distances(distances, ndim: int) -> tuple[float, ...]:
     return out
 
 
+def _sum_of_squares(idx) -> np.ndarray:
+    """``sum_i idx_i**2`` of open index grids (int32 where it fits: half the memory of int64)."""
+    bound = sum(int(np.max(np.abs(i))) ** 2 for i in idx)
+    dtype = np.int32 if bound < 2**31 else np.int64
+    key = np.zeros(np.broadcast_shapes(*[i.shape for i in idx]), dtype=dtype)
+    for i in idx:
+        key += (i * i).astype(dtype)
+    return key
+
+
 def _frozen(a: np.ndarray) -> np.ndarray:
     a = np.ascontiguousarray(a)
     a.setflags(write=False)
@@ -99,21 +109,30 @@ class RegularGrid(Module):
         dist = _as_distances(self.distances, len(shape))
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "distances", dist)
-        # integer frequency indices make |k| bins exact (no floating-point near-duplicates)
-        idx = np.meshgrid(*[np.fft.fftfreq(n, 1.0 / n).round().astype(np.int64) for n in shape], indexing="ij")
+        # integer frequency indices make |k| bins exact (no floating-point near-duplicates); open
+        # (broadcasting) index grids: the only grid-sized arrays are the key and the index
+        idx = np.ix_(*[np.fft.fftfreq(n, 1.0 / n).round().astype(np.int64) for n in shape])
         dk = self.harmonic_distances
-        if len(set(dk)) == 1:  # isotropic: bin on the integer |n|^2
-            key = sum(i * i for i in idx)
-            uniq, inv = np.unique(key, return_inverse=True)
+        if len(set(dk)) == 1:  # isotropic: bin on the integer |n|^2, a table over its range
+            key = _sum_of_squares(idx)
+            present = np.zeros(int(key.max()) + 1, dtype=bool)
+            present[key.ravel()] = True
+            uniq = np.flatnonzero(present)
+            inv = (np.cumsum(present, dtype=np.int64) - 1).astype(np.int32)[key]  # rank among the sorted keys
+            del key
             lengths = dk[0] * np.sqrt(uniq.astype(np.float64))
         else:
             k2 = sum((i * d) ** 2 for i, d in zip(idx, dk))
             scale = max(dk) ** 2
             uniq, inv = np.unique(np.round(k2 / scale, 10), return_inverse=True)
+            inv = inv.astype(np.int32)
             lengths = np.sqrt(uniq * scale)
+        inv = inv.reshape(shape)
         object.__setattr__(self, "mode_lengths", _frozen(lengths))
-        object.__setattr__(self, "power_index", _frozen(inv.reshape(shape).astype(np.int32)))
-        object.__setattr__(self, "multiplicity", _frozen(np.bincount(inv.ravel()).astype(np.int64)))
+        object.__setattr__(self, "power_index", _frozen(inv))
+        object.__setattr__(
+            self, "multiplicity", _frozen(np.bincount(inv.ravel(), minlength=len(lengths)).astype(np.int64))
+        )
         lk = np.log(lengths[1:])
         object.__setattr__(self, "log_mode_lengths", _frozen(lk - lk[0]))
 

@@ -16,31 +16,37 @@ __all__ = ["finite_data", "positive_like", "to_device", "domain_of"]
 
 
 def finite_data(data, argname: str = "data"):
-    """Convert leaves to arrays and reject empty, non-finite or non-numeric entries."""
+    """Convert leaves to arrays and reject empty, non-finite or non-numeric entries.
+
+    Checked on the host; a NumPy leaf is copied to the device once (``jax.device_put``: no staging copy
+    beside it), a JAX array leaf is kept.
+    """
     leaves, treedef = jtu.tree_flatten(data)
     if not leaves:
         raise ValueError(f"{argname} must be a non-empty array or pytree of arrays")
     out = []
     for i, leaf in enumerate(leaves):
         try:
-            arr = jnp.asarray(leaf)
-        except TypeError as err:
+            host = np.asarray(leaf)
+        except (TypeError, ValueError) as err:
             raise TypeError(f"{argname} must contain numeric arrays, got {type(leaf).__name__}") from err
-        if not (jnp.issubdtype(arr.dtype, jnp.number)):
-            raise TypeError(f"{argname} must be numeric, got dtype {arr.dtype}")
-        if arr.size == 0:
+        if not (jnp.issubdtype(host.dtype, jnp.number)):
+            raise TypeError(f"{argname} must be numeric, got dtype {host.dtype}")
+        if host.size == 0:
             where = "" if len(leaves) == 1 else f" leaf {i}"
             raise ValueError(
-                f"{argname}{where} is empty (shape {arr.shape}): every data array needs at least one entry"
+                f"{argname}{where} is empty (shape {host.shape}): every data array needs at least one entry"
             )
-        host = np.asarray(arr)
-        if not jnp.issubdtype(arr.dtype, jnp.inexact):
+        if not jnp.issubdtype(host.dtype, jnp.inexact):
             host = host.astype(jnp.result_type(float))
-            arr = jnp.asarray(host)
-        n_bad = int(np.sum(~np.isfinite(host)))
+        elif isinstance(leaf, jax.Array):
+            host = None  # kept as it is
+        elif jax.dtypes.canonicalize_dtype(host.dtype) != host.dtype:  # float64 without x64: checked as stored
+            host = host.astype(jax.dtypes.canonicalize_dtype(host.dtype))
+        n_bad = int(np.sum(~np.isfinite(np.asarray(leaf) if host is None else host)))
         if n_bad:
             raise ValueError(f"{argname} contains {n_bad} non-finite value(s) (nan or inf)")
-        out.append(arr)
+        out.append(leaf if host is None else jax.device_put(host))
     return jtu.tree_unflatten(treedef, out)
 
 
@@ -67,13 +73,14 @@ def _per_leaf(value, treedef, argname: str) -> list:
         ) from None
 
 
-def positive_like(value, data, argname: str, *, inverse_square: bool = False):
+def positive_like(value, data, argname: str, *, inverse_square: bool = False, keep_scalars: bool = False):
     """Broadcast a scalar/array/pytree of strictly positive finite numbers to ``data``'s leaves.
 
     Values are NumPy arrays in the data's real dtype (``float32`` for
     ``float32`` or ``complex64`` data). With ``inverse_square`` (a noise
     standard deviation), ``1 / value**2`` must be finite and non-zero in that
-    dtype too.
+    dtype too. With ``keep_scalars`` a scalar stays a 0-d array (validated
+    against the data leaf, not broadcast: no data-sized copy).
     """
     d_leaves, treedef = jtu.tree_flatten(data)
     out = []
@@ -101,6 +108,9 @@ def positive_like(value, data, argname: str, *, inverse_square: bool = False):
             )
         if inverse_square:
             _check_inverse_square(host, argname)
+        if keep_scalars and host.ndim == 0:
+            out.append(host)
+            continue
         try:
             host = np.broadcast_to(host, d.shape)
         except ValueError as err:
@@ -131,8 +141,8 @@ def _check_inverse_square(host, argname: str) -> None:
 
 
 def to_device(tree):
-    """NumPy leaves as JAX arrays (a transfer, no compilation)."""
-    return jtu.tree_map(jnp.asarray, tree)
+    """NumPy leaves as JAX arrays (one transfer each, no compilation, no staging copy)."""
+    return jtu.tree_map(jax.device_put, tree)
 
 
 def domain_of(data):

@@ -230,7 +230,8 @@ class _DeviceView(AmendedLikelihood):
         )
         # the device's rows of the observed pixels (data of a Mask / Sampling), None: every pixel
         self.observed = None if parent.observed is None else self._rows(parent.observed)
-        self.model = functools.partial(_slab_model, parent.model, layout, self.observed)
+        out_shapes = tuple((rows,) + tuple(d.shape[1:]) for d in jtu.tree_leaves(parent.likelihood.domain))
+        self.model = functools.partial(_slab_model, parent.model, layout, self.observed, out_shapes)
         self.domain = jtu.tree_map(lambda d, s: split_sds(d) if s else d, parent.domain, parent.latent_split)
         lsm = parent.likelihood.lsm_tangents_shape
         self.lsm_tangents_shape = None if lsm is None else jtu.tree_map(split_sds, lsm)
@@ -324,18 +325,41 @@ def block_energy(likelihood: Likelihood, s, layout: GridLayout, observed=None):
     return block_total(block_map(one, layout, *slabs), layout)
 
 
-def _slab_model(model, layout: GridLayout, observed, xi):
+def _slab_model(model, layout: GridLayout, observed, out_shapes, xi):
     """The model on a latent with ``Slab`` leaves, its (pixel-wise) output as slabs.
 
     With ``observed`` (the device's rows of the observed pixels) the model's Mask / Sampling
     returns its input on the grid (:func:`~shardvi.models.responses.pixels_on_grid`).
+    ``out_shapes``: the device's rows of the data grid, per output leaf; a model whose output on
+    the device's rows has other shapes (or fails there) needs the whole field: ``ValueError``.
     """
-    if observed is None:
-        out = model(xi)
-    else:
-        with pixels_on_grid(observed):
+    try:
+        if observed is None:
             out = model(xi)
+        else:
+            with pixels_on_grid(observed):
+                out = model(xi)
+    except (TypeError, ValueError) as err:
+        if layout.shards == 1:
+            raise
+        raise ValueError(
+            _whole_field_message(layout, out_shapes, f"fails there ({type(err).__name__}: {err})")
+        ) from err
+    got = tuple(tuple(np.shape(o)) for o in jtu.tree_leaves(out))
+    if got != out_shapes:
+        raise ValueError(_whole_field_message(layout, out_shapes, f"gives output shapes {list(got)}"))
     return jtu.tree_map(lambda s: Slab(s, layout), out)
+
+
+def _whole_field_message(layout: GridLayout, out_shapes, what: str) -> str:
+    return (
+        f"field_blocks: the model must act on the field row block by row block, but on one device's rows of the "
+        f"grid (its {layout.local_blocks} of {layout.blocks} blocks, split over {layout.shards} devices) it "
+        f"{what}; expected the device's rows of the data grid, shapes {list(out_shapes)}. An operation that "
+        f"needs the whole field (a reshape, transpose, flip, shift or sum across the grid's first axis) cannot "
+        f"run with the field split over a model axis: use model_shards=1, or amend the likelihood without "
+        f"field_blocks"
+    )
 
 
 def _find_pixel_response(likelihood: Likelihood, model):

@@ -42,9 +42,11 @@ class Gaussian(Likelihood):
     data : pytree of jax.Array
         ``d`` (a pytree leaf, like the noise arrays below).
     noise_std, inv_std : pytree of jax.Array or None
-        The broadcast ``noise_std`` and ``1 / noise_std`` (given ``noise_std``).
+        ``noise_std`` and ``1 / noise_std`` (given ``noise_std``): broadcast to
+        the data shape, except that a scalar stays a 0-d array (no data-sized
+        copies of one number).
     noise_cov_inv, sqrt_noise_cov_inv : pytree of jax.Array, callable or None
-        The diagonal ``N^{-1}`` and its square root, or the callables.
+        The diagonal ``N^{-1}`` and its square root (the same shapes), or the callables.
     """
 
     def __init__(self, data, noise_std=None, noise_cov_inv=None, *, noise_std_inv: Callable | None = None):
@@ -54,7 +56,9 @@ class Gaussian(Likelihood):
         self.data = d
         self.noise_std = self.inv_std = self.noise_cov_inv = self.sqrt_noise_cov_inv = None
         if noise_std is not None:
-            std = positive_like(noise_std, d, "noise_std", inverse_square=True)  # 1/std**2 finite in d's dtype
+            std = positive_like(
+                noise_std, d, "noise_std", inverse_square=True, keep_scalars=True
+            )  # 1/std**2 finite in d's dtype
             self.noise_std = to_device(std)
             self.inv_std = to_device(jtu.tree_map(lambda x: 1.0 / x, std))  # in NumPy: correctly rounded
         elif callable(noise_cov_inv):
@@ -62,24 +66,24 @@ class Gaussian(Likelihood):
                 raise ValueError("a callable noise_cov_inv needs noise_std_inv (r -> N^{-1/2} r) as well")
             self.noise_cov_inv, self.sqrt_noise_cov_inv = noise_cov_inv, noise_std_inv
         else:
-            prec_host = positive_like(noise_cov_inv, d, "noise_cov_inv")
+            prec_host = positive_like(noise_cov_inv, d, "noise_cov_inv", keep_scalars=True)
             self.noise_cov_inv = to_device(prec_host)
             self.sqrt_noise_cov_inv = to_device(jtu.tree_map(np.sqrt, prec_host))
         self.set_domain(domain_of(d))
 
     def _n_inv(self, r):
         if self.inv_std is not None:
-            return jtu.tree_map(lambda a, w: a * w * w, r, self.inv_std)
+            return _scaled(r, self.inv_std, twice=True)
         if callable(self.noise_cov_inv):
             return self.noise_cov_inv(r)
-        return jtu.tree_map(lambda a, w: a * w, r, self.noise_cov_inv)
+        return _scaled(r, self.noise_cov_inv)
 
     def _n_inv_sqrt(self, r):
         if self.inv_std is not None:
-            return jtu.tree_map(lambda a, w: a * w, r, self.inv_std)
+            return _scaled(r, self.inv_std)
         if callable(self.sqrt_noise_cov_inv):
             return self.sqrt_noise_cov_inv(r)
-        return jtu.tree_map(lambda a, w: a * w, r, self.sqrt_noise_cov_inv)
+        return _scaled(r, self.sqrt_noise_cov_inv)
 
     def energy(self, s):
         r = tm.sub(self.data, s)
@@ -101,9 +105,25 @@ class Gaussian(Likelihood):
 
     @property
     def data_leaves(self):
-        """The data and the noise as used (a callable ``noise_cov_inv`` is unknown: ``None``)."""
+        """The data and the noise as used, the noise at the data's shapes (a callable ``noise_cov_inv``
+        is unknown: ``None``); a scalar noise is a broadcast view, not a copy."""
         if self.noise_std is not None:
-            noise = {"noise_std": self.noise_std}
+            noise = {"noise_std": _at_data_shapes(self.noise_std, self.data)}
+        elif callable(self.noise_cov_inv):
+            noise = {"noise_cov_inv": None}
         else:
-            noise = {"noise_cov_inv": None if callable(self.noise_cov_inv) else self.noise_cov_inv}
+            noise = {"noise_cov_inv": _at_data_shapes(self.noise_cov_inv, self.data)}
         return {"Gaussian": {"data": self.data, **noise}}
+
+
+def _scaled(r, w, twice: bool = False):
+    """``r * w`` (``r * w * w`` with ``twice``) per data leaf; a scalar ``w`` scales the whole of its leaf's
+    subtree in ``r`` (e.g. a grid slab, :class:`~shardvi.parallel.grid.Slab`, of a field-split run)."""
+    if twice:
+        return jtu.tree_map(lambda wi, sub: jtu.tree_map(lambda a: a * wi * wi, sub), w, r)
+    return jtu.tree_map(lambda wi, sub: jtu.tree_map(lambda a: a * wi, sub), w, r)
+
+
+def _at_data_shapes(noise, data):
+    """``noise`` leaves broadcast (NumPy views) to the shapes of the ``data`` leaves."""
+    return jtu.tree_map(lambda w, d: np.broadcast_to(np.asarray(w), np.shape(d)), noise, data)

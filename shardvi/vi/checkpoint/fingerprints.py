@@ -13,14 +13,20 @@ from .files import _structure
 
 __all__ = ["fingerprint"]
 
+_HASH_CHUNK_BYTES = 1 << 23  # hashed this many bytes at a time (bounded temporaries)
+
 
 def _leaf_record(path: str, x) -> list:
     """``[path, shape, dtype, sha256]``; ``sha256`` of the bytes, ``None`` for a shape-only leaf."""
     if isinstance(x, jax.ShapeDtypeStruct):
         return [path, list(x.shape), str(np.dtype(x.dtype)), None]
-    a = np.ascontiguousarray(np.asarray(x))
+    a = np.asarray(x)
     h = hashlib.sha256(json.dumps([list(a.shape), str(a.dtype)]).encode() + b"\0")
-    h.update(a.reshape(-1).view(np.uint8))  # pyright: ignore[reportArgumentType] -- an ndarray is a buffer
+    # the C-order bytes, a few MiB at a time (a broadcast view is never copied whole)
+    rows = a.reshape(1, *a.shape) if a.ndim == 0 else a
+    step = max(1, _HASH_CHUNK_BYTES // max(1, rows.nbytes // max(1, rows.shape[0])))
+    for i in range(0, rows.shape[0], step):
+        h.update(np.ascontiguousarray(rows[i : i + step]).reshape(-1).view(np.uint8))  # pyright: ignore[reportArgumentType]
     return [path, list(a.shape), str(a.dtype), h.hexdigest()]
 
 
