@@ -37,16 +37,17 @@ def finite_data(data, argname: str = "data"):
             raise ValueError(
                 f"{argname}{where} is empty (shape {host.shape}): every data array needs at least one entry"
             )
+        keep = False  # a JAX array of a floating dtype is kept as it is
         if not jnp.issubdtype(host.dtype, jnp.inexact):
             host = host.astype(jnp.result_type(float))
         elif isinstance(leaf, jax.Array):
-            host = None  # kept as it is
+            keep = True
         elif jax.dtypes.canonicalize_dtype(host.dtype) != host.dtype:  # float64 without x64: checked as stored
             host = host.astype(jax.dtypes.canonicalize_dtype(host.dtype))
-        n_bad = int(np.sum(~np.isfinite(np.asarray(leaf) if host is None else host)))
+        n_bad = int(np.sum(~np.isfinite(host)))
         if n_bad:
             raise ValueError(f"{argname} contains {n_bad} non-finite value(s) (nan or inf)")
-        out.append(leaf if host is None else jax.device_put(host))
+        out.append(leaf if keep else jax.device_put(host))
     return jtu.tree_unflatten(treedef, out)
 
 
