@@ -60,7 +60,7 @@ from ..parallel.grid import (
 from ..parallel.strategy import ordered_sum
 from .likelihood import AmendedLikelihood, Likelihood, register_field_split_class
 
-__all__ = ["FieldSplitLikelihood", "per_device", "whole", "split_latent", "field_split_chi2_sums"]
+__all__ = ["FieldSplitLikelihood", "per_device", "whole", "split_latent", "field_split_chi2_sums", "one_zero_residual"]
 
 
 def _grid_rows(likelihood: Likelihood) -> int:
@@ -464,6 +464,11 @@ def split_latent(lh, strategy, tree):
     )
 
 
+def one_zero_residual(pos):
+    """A stack of one zero residual shaped like ``pos`` (slab nodes kept): the samples of a run without any."""
+    return jtu.tree_map(lambda x: jnp.zeros((1, *x.shape), x.dtype), pos)
+
+
 def field_split_chi2_sums(lh: FieldSplitLikelihood, pos, residuals, strategy):
     """:func:`~shardvi.vi.diagnostics.chi2_sums` of a field-split likelihood, each sample's sums per device.
 
@@ -481,7 +486,7 @@ def field_split_chi2_sums(lh: FieldSplitLikelihood, pos, residuals, strategy):
 
     n = jtu.tree_leaves(residuals)[0].shape[0]
     if n == 0:  # no samples: the sums at pos (as Samples.samples)
-        residuals, n = jtu.tree_map(lambda x: jnp.zeros((1, *x.shape), x.dtype), pos), 1
+        residuals, n = one_zero_residual(pos), 1
     lik_sums, prior_sums = strategy.map(one, (None, None, 0))(lh, pos, residuals)
     data = sum(math.prod(d.shape) for d in jtu.tree_leaves(lh.data_domain))
     lik = (ordered_sum(lik_sums), n * data) if lh.has_normalized_residual else None

@@ -7,7 +7,7 @@ import jax
 from .. import tree_math as tm
 from ..parallel.grid import is_slab, unsplit
 from ..parallel.strategy import map_mean
-from .field_split import per_device
+from .field_split import one_zero_residual, per_device
 from .likelihood import Likelihood
 
 __all__ = ["hamiltonian", "hamiltonian_metric", "hamiltonian_metric_operator", "kl_value_and_grad", "kl_metric"]
@@ -40,7 +40,7 @@ def kl_value_and_grad(lh: Likelihood, pos, residuals, strategy):
     if _n(residuals) == 0:
         if not split:
             return vg(lh, pos)
-        residuals = _one_zero_residual(pos)  # mean over one zero residual: H(pos), evaluated per device
+        residuals = one_zero_residual(pos)  # mean over one zero residual: H(pos), evaluated per device
 
     def one(lik, p, r):  # a field-split likelihood: per device on slabs (per_device), the gradient a slab
         lik, p, r = per_device(lik, p, r)
@@ -55,7 +55,7 @@ def kl_metric(lh: Likelihood, pos, residuals, tangent, strategy):
     if _n(residuals) == 0:
         if not getattr(lh, "field_split", False):
             return hamiltonian_metric(lh, pos, tangent)
-        residuals = _one_zero_residual(pos)
+        residuals = one_zero_residual(pos)
 
     def one(lik, p, r, t):
         lik, p, r, t = per_device(lik, p, r, t)
@@ -76,11 +76,6 @@ def _like(pos, out):
     if any(is_slab(x) for x in jax.tree_util.tree_leaves(pos, is_leaf=is_slab)):
         return out
     return unsplit(out)
-
-
-def _one_zero_residual(pos):
-    """A stack of one zero residual shaped like ``pos`` (slab nodes kept)."""
-    return jax.tree_util.tree_map(lambda x: jax.numpy.zeros((1,) + x.shape, x.dtype), pos)
 
 
 def _n(residuals) -> int:
