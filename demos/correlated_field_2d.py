@@ -26,7 +26,8 @@ Checks (the script exits with status 1 and says which failed):
 
 Field parallelism: ``--model-shards 2 --devices 4`` cuts the field and the data into
 ``--field-blocks`` blocks of rows (default: the model shards) and runs on a (2 samples x
-2 model shards) mesh; it gives bitwise the samples of ``--field-blocks 2 --devices 1``.
+2 model shards) mesh (``--strategy shard_map`` or ``jit``); it gives bitwise the samples of
+``--field-blocks 2 --devices 1``.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def parse(argv=None):
         "--model-shards",
         type=int,
         default=1,
-        help="devices that share the field (its rows) and the data; > 1 needs --strategy shard_map (default 1)",
+        help="devices that share the field (its rows) and the data; > 1 needs --strategy shard_map or jit (default 1)",
     )
     ap.add_argument(
         "--field-blocks",
@@ -81,8 +82,10 @@ def parse(argv=None):
                 f"--field-blocks ({args.field_blocks}) must be a multiple of --model-shards ({args.model_shards})"
             )
     if args.model_shards > 1:
-        if args.strategy != "shard_map":
-            raise ValueError(f"--model-shards {args.model_shards} needs --strategy shard_map, got {args.strategy!r}")
+        if args.strategy not in ("shard_map", "jit"):
+            raise ValueError(
+                f"--model-shards {args.model_shards} needs --strategy shard_map or jit, got {args.strategy!r}"
+            )
         if args.devices % args.model_shards:
             raise ValueError(f"--devices ({args.devices}) must be a multiple of --model-shards ({args.model_shards})")
     du.check_linear_iterations(args)
@@ -242,7 +245,8 @@ def main(argv=None, *, args=None) -> int:
     du.setup_logging(args.quiet)
     devices = du.setup_devices(args.devices)
     if args.model_shards > 1:  # samples over the rows of a (devices / k, k) mesh, the field's rows over its columns
-        strategy = sv.parallel.ShardMap(devices=devices, model_shards=args.model_shards)
+        cls = sv.parallel.JitSharding if args.strategy == "jit" else sv.parallel.ShardMap
+        strategy = cls(devices=devices, model_shards=args.model_shards)
     else:
         strategy = du.make_strategy(args.strategy, devices)
     t0 = time.perf_counter()

@@ -1,10 +1,12 @@
 """The field-parallel layout comparison of tests/test_field_split.py, in a fresh process; not a test module.
 
-    python tests/_field_split_worker.py PROBLEM LAYOUT [LAYOUT ...]      # e.g. masked 1x4 2x2
+    python tests/_field_split_worker.py PROBLEM LAYOUT [LAYOUT ...]      # e.g. masked 1x4 jit2x2
 
 Runs a problem of tests/test_field_split.py (``grid``: data at every pixel,
-``masked``: the data of an ``sv.Mask``) on one device (``Vmap``) and on
-each ``SAMPLESxMODEL`` mesh layout of 4 forced CPU devices with the shipped
+``masked``: the data of an ``sv.Mask``, ``transposed``: a model that needs the
+whole field, ``JitSharding`` only) on one device (``Vmap``) and on each
+``SAMPLESxMODEL`` mesh layout of 4 forced CPU devices (``ShardMap``; with a
+``jit`` prefix ``JitSharding``) with the shipped
 compiler settings (the test session compiles at LLVM level 0, which keeps
 results but not the bitwise equality of different programs) and prints one
 JSON line: per layout, whether every array and the KL energy equal the
@@ -30,14 +32,15 @@ def main(problem, layouts):
     import numpy as np
     from test_field_split import field_split_likelihood, one_device, run
 
-    from shardvi.parallel import ShardMap
+    from shardvi.parallel import JitSharding, ShardMap
 
     ref, ref_kl = one_device(problem)
     out = {"nonzero": bool(any(np.any(np.asarray(r) != 0) for r in ref))}
     split = jax.tree.leaves(field_split_likelihood(problem).latent_split)
     for name in layouts:
-        samples, model = (int(v) for v in name.split("x"))
-        strategy = ShardMap(devices=jax.devices()[: samples * model], model_shards=model)
+        cls = JitSharding if name.startswith("jit") else ShardMap
+        samples, model = (int(v) for v in name.removeprefix("jit").split("x"))
+        strategy = cls(devices=jax.devices()[: samples * model], model_shards=model)
         with tempfile.TemporaryDirectory() as tmp:
             arrays, kl = run(strategy, problem, checkpoint_dir=tmp)
             saved = np.load(os.path.join(tmp, "state-000001.npz"))

@@ -62,10 +62,14 @@ def split_likelihood(blocks=4):
 
 
 def field_split_likelihood(name="grid"):
-    """``"grid"`` (data at every pixel) or ``"masked"`` (the data of an ``sv.Mask``, :func:`masked`), amended
-    with 4 field blocks."""
+    """``"grid"`` (data at every pixel), ``"masked"`` (the data of an ``sv.Mask``, :func:`masked`) or
+    ``"transposed"`` (data at every pixel of the transposed field: a model that needs the whole field),
+    amended with 4 field blocks."""
     if name == "grid":
         return split_likelihood()
+    if name == "transposed":
+        model, d, std, _ = problem()
+        return sv.Gaussian(d, noise_std=std).amend(sv.Model(lambda xi: model(xi).T, model.domain), field_blocks=4)
     model, d, std = masked()
     return sv.Gaussian(d, noise_std=std).amend(model, field_blocks=4)
 
@@ -87,7 +91,7 @@ def test_mgvi_geovi_kl_bitwise_equal_to_one_device_on_every_mesh_layout():
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # not the session's LLVM level 0
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(HERE), HERE, os.environ.get("PYTHONPATH", "")])
     proc = subprocess.run(
-        [sys.executable, os.path.join(HERE, "_field_split_worker.py"), "masked", "1x4"],
+        [sys.executable, os.path.join(HERE, "_field_split_worker.py"), "masked", "1x4", "jit2x2"],
         env=env,
         capture_output=True,
         text=True,
@@ -95,7 +99,8 @@ def test_mgvi_geovi_kl_bitwise_equal_to_one_device_on_every_mesh_layout():
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result == {"nonzero": True, "1x4": {"bitwise": True, "split": True, "checkpoint_whole": True}}
+    every = {"bitwise": True, "split": True, "checkpoint_whole": True}
+    assert result == {"nonzero": True, "1x4": every, "jit2x2": every}
 
 
 def test_split_likelihood_is_the_whole_likelihood():
@@ -132,8 +137,8 @@ def test_bad_configurations_raise_clear_errors():
     with pytest.raises(ValueError, match="model_shards=4 does not divide field_blocks=2"):
         strat = ShardMap(devices=jax.devices()[:4], model_shards=4)
         sv.optimize_kl(lh, pos, sample_map=strat, kl_map=strat, **kw)
-    with pytest.raises(NotImplementedError, match="does not split the field yet"):
-        strat = JitSharding(devices=jax.devices()[:4], model_shards=2)
+    with pytest.raises(ValueError, match="model_shards=4 does not divide field_blocks=2"):
+        strat = JitSharding(devices=jax.devices()[:4], model_shards=4)
         sv.optimize_kl(lh, pos, sample_map=strat, kl_map=strat, **kw)
 
 
@@ -155,9 +160,49 @@ def test_a_model_that_needs_the_whole_field_is_named_under_shard_map():
         with pytest.raises(
             ValueError,
             match=rf"the model must act on the field row block by row block.*{what}.*"
-            r"\[\(2, 8\)\].*use model_shards=1",
+            r"\[\(2, 8\)\].*use JitSharding.*model_shards=1",
         ):
             kl_value_and_grad(st.place(lh), pos, res, st)
+
+
+def test_a_model_that_needs_the_whole_field_runs_gathered_under_jit_sharding():
+    """Under ``JitSharding`` the same model (here the transposed field) is evaluated on the whole field, gathered
+    on every device of the model axis, with a warning: the KL, its gradient and metric, and the pieces of a geoVI
+    update (the adjoint of the transformation's Jacobian, and the adjoint of the linearization of a map built from
+    it: gathering and cutting out rows transposed twice) equal the one-device ones to rounding. Bitwise on the
+    mesh layouts: ``python tests/_field_split_worker.py transposed jit1x4 jit2x2``."""
+    from shardvi import tree_math as tm
+    from shardvi.parallel.grid import unsplit
+    from shardvi.vi.field_split import per_device, split_latent
+    from shardvi.vi.kl import kl_metric, kl_value_and_grad
+
+    lh = field_split_likelihood("transposed")
+    _, _, _, pos = problem()
+    res = jax.tree.map(lambda v: 0.2 * jnp.stack([v, -v]), pos)
+    t = jax.tree.map(lambda v: 3.0 * v, pos)
+
+    def geovi_pieces(lik, p, r):
+        lik, p, r = per_device(lik, p, r)
+        x_bar, vjp = jax.vjp(lik.transformation, p)
+        jbar_t = tm.linear_adjoint(vjp)
+        delta = lambda r: tm.add(r, jbar_t(tm.sub(lik.transformation(tm.add(p, r)), x_bar)))  # noqa: E731
+        _, jvp, adj = tm.linearize_with_adjoint(delta, r)
+        return jbar_t(x_bar), adj(jvp(r))
+
+    def parts(strategy):
+        p, r, tt = (split_latent(lh, strategy, x) for x in (pos, res, t))
+
+        def f(lik, p, r, tt):
+            kl = kl_value_and_grad(lik, p, r, strategy), kl_metric(lik, p, r, tt, strategy)
+            return unsplit((kl, strategy.map(geovi_pieces, (None, None, 0))(lik, p, r)))
+
+        return jax.tree.leaves(jax.jit(f)(strategy.place(lh), p, r, tt))
+
+    want = parts(Vmap())
+    with pytest.warns(UserWarning, match="the model needs the whole field.*gathered on each of the 4 devices"):
+        got = parts(JitSharding(devices=jax.devices()[:4], model_shards=4))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12)
 
 
 def assert_split_equals_whole(lh, model, pos, data_shape):

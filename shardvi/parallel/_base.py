@@ -176,6 +176,10 @@ class MultiDevice(Strategy):
                     f"{self.model_shards}, or use model_shards dividing {node.n_blocks})"
                 )
 
+    def _splits_rows(self, args) -> bool:
+        """Whether ``args`` hold a field split over the model axis (its outputs' ``Slab`` leaves stay split)."""
+        return self.model_shards > 1 and any(_is_split_field(n) for n in jtu.tree_leaves(args, is_leaf=_is_split_field))
+
     # -- layout -------------------------------------------------------------------------------
     def _prepare(self, args, in_axes) -> tuple[Layout, list]:
         check_in_axes(in_axes, len(args))
@@ -186,7 +190,10 @@ class MultiDevice(Strategy):
 
     def _finish(self, stacked, layout: Layout):
         """Drop the padding and replicate the stacked outputs (the all-gather)."""
-        out = jtu.tree_map(lambda y: y[: layout.n], stacked)
+        return self._replicated(jtu.tree_map(lambda y: y[: layout.n], stacked))
+
+    def _replicated(self, out):
+        """``out`` replicated over the mesh (the all-gather), a ``MeshSlab``'s rows left split over the model axis."""
         if not any(is_mesh_slab(x) for x in jtu.tree_leaves(out, is_leaf=is_mesh_slab)):
             return jax.lax.with_sharding_constraint(out, replicated(self.mesh))
 
@@ -196,6 +203,10 @@ class MultiDevice(Strategy):
             return jax.lax.with_sharding_constraint(x, replicated(self.mesh))
 
         return jtu.tree_map(one, out, is_leaf=is_mesh_slab)
+
+
+def _is_split_field(node) -> bool:
+    return is_mesh_slab(node) or is_field_split(node)
 
 
 def masked_local_sum(values, layout: Layout, device_index):

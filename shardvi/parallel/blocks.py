@@ -59,20 +59,25 @@ class ModelAxis(NamedTuple):
 
     ``mesh`` is ``None`` when the work is traced per device (inside a ``shard_map``
     manual over the axis), else the mesh of the GSPMD program whose block sums open a
-    ``shard_map`` of their own.
+    ``shard_map`` of their own. ``whole_model``: a field-split model that needs the whole
+    field is evaluated on the gathered field on every device of the axis (``JitSharding``),
+    instead of raising (``ShardMap``).
     """
 
     name: str
     size: int
     reduce: str = "fixed"
     mesh: Mesh | None = None
+    whole_model: bool = False
 
 
 _CURRENT: contextvars.ContextVar[ModelAxis | None] = contextvars.ContextVar("shardvi_model_axis", default=None)
 
 
 @contextlib.contextmanager
-def model_axis(name: str = MODEL_AXIS, size: int = 1, reduce: str = "fixed", mesh: Mesh | None = None):
+def model_axis(
+    name: str = MODEL_AXIS, size: int = 1, reduce: str = "fixed", mesh: Mesh | None = None, whole_model: bool = False
+):
     """Trace the enclosed code with the data blocks split over mesh axis ``name`` of ``size`` devices.
 
     Used by strategies around the per-sample function they map: inside their
@@ -80,7 +85,7 @@ def model_axis(name: str = MODEL_AXIS, size: int = 1, reduce: str = "fixed", mes
     ``name``, or around a GSPMD-partitioned ``jax.jit`` (``mesh`` given), where
     each block sum is a ``shard_map`` over ``mesh`` (see the module docstring).
     """
-    token = _CURRENT.set(ModelAxis(name, int(size), reduce, mesh))
+    token = _CURRENT.set(ModelAxis(name, int(size), reduce, mesh, whole_model))
     try:
         yield
     finally:

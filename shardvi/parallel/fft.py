@@ -14,8 +14,10 @@ get the bits they get on one device (a batched 1-D FFT on XLA:CPU transforms
 each line on its own), so sample- and slab-parallel FFTs under ``jit`` give
 the one-device results bitwise.
 
-Outside a partitioned program (one device, or inside ``jax.shard_map``, where
-every mesh axis is manual) it lowers to the plain FFT. It is linear with a
+Outside a partitioned program (one device) it lowers to the plain FFT; inside
+a ``jax.shard_map`` (every mesh axis manual, or, in ``JitSharding``'s field
+split, the model axis manual and the samples GSPMD's, where XLA cannot run a
+custom rule) it is the plain FFT. It is linear with a
 JVP, a transpose (the DFT matrix is symmetric: the transpose is the same
 FFT) and a batching rule, so ``grad``, ``jvp``, ``linear_transpose`` and
 ``vmap`` work as for ``jnp.fft.fftn``.
@@ -68,16 +70,16 @@ def slab_passes(x, axes: tuple, axis_name: str, n_dev: int):
     Local FFTs over ``axes[1:]``, an ``all_to_all`` that gathers ``axes[0]`` and splits
     ``axes[1]``, the FFT along ``axes[0]``, and the ``all_to_all`` back. Per device, inside a
     ``shard_map`` or a partitioned program where ``axis_name`` is manual; see
-    :mod:`shardvi.parallel.slab`.
+    :mod:`shardvi.parallel.slab`. On one device (``n_dev`` 1) the same passes by :func:`fftn`
+    (bitwise the plain FFTs), which GSPMD keeps split along batch axes.
     """
     a0, a1 = axes[0], axes[1]
+    if n_dev == 1:  # the whole grid: under jit, a batch of grids stays split over the devices (fftn)
+        return fftn(fftn(x, axes[1:]), (a0,))
     x = jnp.fft.fftn(x, axes=axes[1:])
-    if n_dev > 1:
-        x = jax.lax.all_to_all(x, axis_name, split_axis=a1, concat_axis=a0, tiled=True)
+    x = jax.lax.all_to_all(x, axis_name, split_axis=a1, concat_axis=a0, tiled=True)
     x = jnp.fft.fft(x, axis=a0)
-    if n_dev > 1:
-        x = jax.lax.all_to_all(x, axis_name, split_axis=a0, concat_axis=a1, tiled=True)
-    return x
+    return jax.lax.all_to_all(x, axis_name, split_axis=a0, concat_axis=a1, tiled=True)
 
 
 def _plan(sharding, shape, axes, mesh):
@@ -175,5 +177,9 @@ def fftn(x, axes: Sequence[int] | None = None):
         raise TypeError(f"fftn expects a complex array, got {x.dtype}")
     axes = normalize_axes(x.ndim, axes)
     if Primitive is None:  # pragma: no cover - no custom partitioning in this jax: the plain FFT
+        return jnp.fft.fftn(x, axes=axes)
+    if jax.sharding.get_abstract_mesh().manual_axes:
+        # inside a shard_map: per device, or (JitSharding's field split) manual over the model axis only,
+        # where XLA's partitioner cannot run the custom rule; the plain FFT, the same bits
         return jnp.fft.fftn(x, axes=axes)
     return _fft_p.bind(x, axes=axes)

@@ -289,10 +289,12 @@ def unsplit(tree):
 
 
 # --------------------------------------------------------------------------------------- primitives
-# The two linear maps whose transposes do a cross-device reduction: gathering the blocks (transpose: the
-# local part of a replicated cotangent) and copying a replicated array per block (transpose: the gathered
-# per-block cotangents added in block order). Without them JAX would transpose an all_gather into a
-# psum_scatter of a replicated cotangent (P times the true value) and a broadcast into a local sum.
+# The linear maps between a device's rows and replicated arrays, with the transposes of the convention that
+# a replicated array's cotangent is the whole one on every device: gathering the blocks (transpose: the
+# local part of a replicated cotangent), cutting out the device's rows (transpose: the rows' cotangents
+# gathered), and copying a replicated array per block (transpose: the gathered per-block cotangents added in
+# block order). Without them JAX would transpose an all_gather into a psum_scatter of a replicated cotangent
+# (P times the true value), a slice into a zero-padded local cotangent and a broadcast into a local sum.
 
 
 def _gather_impl(x, *, axis):
@@ -305,16 +307,36 @@ def _gather_abstract(x, *, axis):
 
 
 def _gather_transpose(ct, x, *, axis):
-    n = x.aval.shape[0]
     if type(ct) is ad.Zero:
         return [ad.Zero(x.aval)]
-    return [jax.lax.dynamic_slice_in_dim(ct, jax.lax.axis_index(axis) * n, n, 0)]
+    return [_rows_p.bind(ct, axis=axis)]  # the device's rows (transposed in turn: gathered again)
 
 
 def _gather_batch(args, dims, *, axis):
     (x,), (d,) = args, dims
     x = jnp.moveaxis(x, d, 1)  # the block axis stays in front
     return _gather_p.bind(x, axis=axis), 1
+
+
+def _rows_impl(x, *, axis):
+    n = x.shape[0] // jax.lax.axis_size(axis)
+    return jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index(axis) * n, n, 0)
+
+
+def _rows_abstract(x, *, axis):
+    return x.update(shape=(x.shape[0] // jax.lax.axis_size(axis),) + x.shape[1:])
+
+
+def _rows_transpose(ct, x, *, axis):
+    if type(ct) is ad.Zero:
+        return [ad.Zero(x.aval)]
+    return [_gather_p.bind(ct, axis=axis)]
+
+
+def _rows_batch(args, dims, *, axis):
+    (x,), (d,) = args, dims
+    x = jnp.moveaxis(x, d, 1)  # the grid rows stay in front
+    return _rows_p.bind(x, axis=axis), 1
 
 
 def _spread_impl(x, *, n, axis):
@@ -341,6 +363,12 @@ _gather_p.def_abstract_eval(_gather_abstract)
 mlir.register_lowering(_gather_p, mlir.lower_fun(_gather_impl, multiple_results=False))
 ad.deflinear2(_gather_p, _gather_transpose)
 batching.primitive_batchers[_gather_p] = _gather_batch
+
+_rows_p = Primitive("shardvi_grid_rows")
+_rows_p.def_abstract_eval(_rows_abstract)
+mlir.register_lowering(_rows_p, mlir.lower_fun(_rows_impl, multiple_results=False))
+ad.deflinear2(_rows_p, _rows_transpose)
+batching.primitive_batchers[_rows_p] = _rows_batch
 
 _spread_p = Primitive("shardvi_grid_spread")
 _spread_p.def_abstract_eval(_spread_abstract)
@@ -462,11 +490,15 @@ def gather_rows(x, layout: GridLayout):
 
 
 def local_rows(x, layout: GridLayout):
-    """This device's slab of a replicated grid-shaped array ``x`` (``x`` itself without an axis)."""
+    """This device's slab of a replicated grid-shaped array ``x`` (``x`` itself without an axis).
+
+    Linear; its transpose gathers the slabs' cotangents into the whole grid (a replicated
+    array's cotangent is the whole one on every device, as :func:`gather_rows` assumes):
+    ``gather_rows`` and ``local_rows`` are each other's transposes.
+    """
     if layout.axis is None:
         return x
-    n = x.shape[0] // layout.shards
-    return jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index(layout.axis) * n, n, 0)
+    return _rows_p.bind(jnp.asarray(x), axis=layout.axis)
 
 
 def all_devices(flag, layout: GridLayout):

@@ -16,6 +16,7 @@ from ._base import MultiDevice, divide, masked_local_sum, reshape_from_devices, 
 from .blocks import MODEL_AXIS, model_axis, model_specs
 from .fft import PARTITIONED_PRIMITIVES
 from .mesh import SAMPLE_AXIS, replicated, sharded
+from .shard_map import rows_back, rows_out
 from .strategy import check_in_axes, chunked_apply, register_strategy
 
 __all__ = ["JitSharding", "unpartitionable_primitives"]
@@ -94,7 +95,14 @@ class JitSharding(MultiDevice):
         device evaluates its own blocks; one all-gather of per-block terms, or
         a ``psum`` with ``reduce="psum"``). Bitwise equal to one device when
         ``model_shards`` divides ``data_blocks`` and the model has no FFT.
-        Default 1: data replicated.
+        A likelihood amended with ``field_blocks`` is split by grid rows:
+        the per-sample work runs in a ``shard_map`` manual over the model axis
+        only (each device its rows, as under
+        :class:`~shardvi.parallel.ShardMap`), GSPMD splitting the samples over
+        the other axis; bitwise equal to one device for ``model_shards``
+        dividing ``field_blocks``. A model that needs the whole field is then
+        evaluated on the gathered field on every device of the model axis
+        (with a warning) instead of raising. Default 1: data replicated.
     """
 
     devices: Sequence | None = None
@@ -135,8 +143,49 @@ class JitSharding(MultiDevice):
         with model_axis(MODEL_AXIS, self.model_shards, self.reduce, mesh=mesh):
             return jitted(*flat)
 
+    def _jit_rows(self, per_device_fn, in_axes, args, batch: int):
+        """``_jit`` for a field split over the model axis: the model axis manual, the samples GSPMD's.
+
+        One ``jax.jit`` around a ``shard_map`` manual over the model axis only (the sample axis
+        stays automatic): inside it every device works on its rows of the grid as under
+        :class:`~shardvi.parallel.ShardMap` (``Slab`` latents, slab FFTs, block-order sums over
+        the model axis), while GSPMD splits the device batch, mapped with ``vmap(...,
+        spmd_axis_name=<sample axis>)``, over the sample axis. ``batch``: the sample axes in
+        front of the per-device function's outputs (1 for stacked samples, 0 for a sum).
+        Returns the outputs with ``Slab`` leaves as ``MeshSlab`` (rows split), the device axis
+        still in front.
+        """
+        mesh, record = self.mesh, {}
+        self.check_blocks(args)
+        batched = jax.vmap(per_device_fn, in_axes=tuple(in_axes), spmd_axis_name=SAMPLE_AXIS)
+        in_specs = tuple(model_specs(a) for a in args)  # the model axis only (manual); samples automatic
+        lead = (None,) * (batch + 1)  # the device axis and the per-device sample axes
+
+        def body(*local):
+            # traced per device of the model axis; a model that needs the whole field gets it gathered
+            with model_axis(MODEL_AXIS, self.model_shards, self.reduce, whole_model=True):
+                return rows_out(batched(*local), record, batch + 1)
+
+        flat, treedef = jtu.tree_flatten(tuple(args))
+
+        def program(*leaves):
+            a = jtu.tree_unflatten(treedef, leaves)
+            mapped = jax.shard_map(
+                body,
+                mesh=mesh,
+                in_specs=in_specs,
+                out_specs=P(*lead, MODEL_AXIS),
+                axis_names=frozenset({MODEL_AXIS}),
+                check_vma=False,
+            )
+            return rows_back(mapped(*a), record, mesh, batch + 1)
+
+        specs = [model_specs(a, batch=SAMPLE_AXIS if ax == 0 else None) for a, ax in zip(args, in_axes)]
+        in_shardings = tuple(NamedSharding(mesh, s) for s in jtu.tree_leaves(specs, is_leaf=_is_spec))
+        return jax.jit(program, in_shardings=in_shardings)(*flat)
+
     def _warn_unpartitionable(self, fn, in_axes, args):
-        if len(self.resolved_devices) < 2:
+        if len(self.resolved_devices) < 2 or self._splits_rows(args):  # a field split: see _jit_rows
             return
         check_in_axes(in_axes, len(args))
         example = [jax.tree.map(lambda x: x[0], a) if ax == 0 else a for a, ax in zip(args, in_axes)]
@@ -158,7 +207,10 @@ class JitSharding(MultiDevice):
             layout, padded = self._prepare(args, in_axes)
             split = [reshape_to_devices(a, layout) if ax == 0 else a for a, ax in zip(padded, in_axes)]
             per_device = lambda *local: chunked_apply(fn, in_axes, local, self.chunk_size)  # noqa: E731
-            out = self._jit(per_device, in_axes, sharded(self.mesh), split)
+            if self._splits_rows(padded):
+                out = self._jit_rows(per_device, in_axes, split, 1)
+            else:
+                out = self._jit(per_device, in_axes, sharded(self.mesh), split)
             return self._finish(reshape_from_devices(out, layout), layout)
 
         return mapped
@@ -177,7 +229,12 @@ class JitSharding(MultiDevice):
                 vals = chunked_apply(fn, in_axes, tuple(local), self.chunk_size)
                 return masked_local_sum(vals, layout, d)
 
-            parts = self._jit(per_device, axes, sharded(self.mesh), split + [jnp.arange(layout.n_devices)])
+            index = jnp.arange(layout.n_devices)
+            if self._splits_rows(padded):
+                parts = self._jit_rows(per_device, axes, split + [index], 0)
+                total = jtu.tree_map(lambda x: jnp.sum(x, axis=0), parts)
+                return self._replicated(divide(total, layout.n))
+            parts = self._jit(per_device, axes, sharded(self.mesh), split + [index])
             total = jax.tree_util.tree_map(lambda x: jnp.sum(x, axis=0), parts)
             return jax.lax.with_sharding_constraint(divide(total, layout.n), replicated(self.mesh))
 

@@ -12,8 +12,8 @@ from jax import tree_util as jtu
 from jax.sharding import PartitionSpec as P
 
 from ._base import MultiDevice, divide, masked_local_sum
-from .blocks import MODEL_AXIS, is_field_split, model_axis, model_specs
-from .grid import MeshSlab, is_mesh_slab, is_slab
+from .blocks import MODEL_AXIS, model_axis, model_specs
+from .grid import MeshSlab, is_slab
 from .mesh import SAMPLE_AXIS
 from .strategy import chunked_apply, register_strategy
 
@@ -61,7 +61,9 @@ class ShardMap(MultiDevice):
         ``field_blocks`` is split the same way by grid rows: its data, the
         latents' grid leaves (:class:`~shardvi.parallel.grid.MeshSlab`
         inputs; per-device ``Slab`` outputs come back as ``MeshSlab``, rows
-        still split). Default 1: data replicated.
+        still split); a model that needs the whole field raises a
+        ``ValueError`` (:class:`~shardvi.parallel.JitSharding` evaluates it on
+        the gathered field). Default 1: data replicated.
     check_vma : bool
         JAX's varying-manual-axes type checking. ``False`` (default): no
         implicit cross-device reductions at all (gradients with respect to
@@ -106,10 +108,6 @@ class ShardMap(MultiDevice):
             )
         return jax.shard_map(body, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=self.check_vma)
 
-    def _splits_rows(self, args) -> bool:
-        """Whether ``args`` hold a field split over the model axis (its outputs' ``Slab`` leaves stay split)."""
-        return self.model_shards > 1 and any(_is_split_field(n) for n in jtu.tree_leaves(args, is_leaf=_is_split_field))
-
     def map(self, fn, in_axes):
         """Stacked per-sample outputs (padding dropped, replicated over the mesh).
 
@@ -121,9 +119,9 @@ class ShardMap(MultiDevice):
             layout, padded = self._prepare(args, in_axes)
             if self._splits_rows(padded):
                 record = {}
-                body = lambda *local: _rows_out(self._local(fn, in_axes, local), record, 1)  # noqa: E731
+                body = lambda *local: rows_out(self._local(fn, in_axes, local), record, 1)  # noqa: E731
                 flat = self._shard_map(body, in_axes, P(SAMPLE_AXIS, MODEL_AXIS), padded)(*padded)
-                return self._finish(_rows_back(flat, record, self.mesh, 1), layout)
+                return self._finish(rows_back(flat, record, self.mesh, 1), layout)
             body = lambda *local: self._local(fn, in_axes, local)  # noqa: E731
             out = self._shard_map(body, in_axes, P(SAMPLE_AXIS), padded)(*padded)
             return self._finish(out, layout)
@@ -140,26 +138,22 @@ class ShardMap(MultiDevice):
             def body(*local):
                 vals = self._local(fn, in_axes, local)
                 part = jax.lax.psum(masked_local_sum(vals, layout, jax.lax.axis_index(SAMPLE_AXIS)), SAMPLE_AXIS)
-                return _rows_out(part, record, 0) if rows else part
+                return rows_out(part, record, 0) if rows else part
 
             if rows:
                 flat = self._shard_map(body, in_axes, P(MODEL_AXIS), padded)(*padded)
-                return divide(_rows_back(flat, record, self.mesh, 0), layout.n)
+                return divide(rows_back(flat, record, self.mesh, 0), layout.n)
             return divide(self._shard_map(body, in_axes, P(), padded)(*padded), layout.n)
 
         return mm
 
 
-def _is_split_field(node) -> bool:
-    return is_mesh_slab(node) or is_field_split(node)
-
-
-def _rows_out(tree, record: dict, batch: int) -> list:
+def rows_out(tree, record: dict, batch: int) -> list:
     """Inside the ``shard_map``: the output leaves for out-spec ``(samples,)*batch + (model,)``.
 
     A ``Slab`` leaf gives its rows (split over the model axis); any other leaf, the same on
     every device of the model axis, gets a model axis of length 1 (the first copy is kept).
-    ``record`` notes the tree and the slabs for :func:`_rows_back`.
+    ``record`` notes the tree and the slabs for :func:`rows_back`.
     """
     leaves, treedef = jtu.tree_flatten(tree, is_leaf=is_slab)
     record["treedef"] = treedef
@@ -167,12 +161,12 @@ def _rows_out(tree, record: dict, batch: int) -> list:
     return [x.value if is_slab(x) else jnp.expand_dims(x, batch) for x in leaves]
 
 
-def _rows_back(flat: list, record: dict, mesh, batch: int):
+def rows_back(flat: list, record: dict, mesh, batch: int):
     """Outside the ``shard_map``: the output tree, each slab a ``MeshSlab`` of the whole grid."""
     out = []
     for x, slab in zip(flat, record["slabs"]):
         if slab is None:
-            out.append(x[:, 0] if batch else x[0])
+            out.append(x[(slice(None),) * batch + (0,)])
         else:
             layout, grid_ndim = slab
             out.append(MeshSlab(x, layout, mesh, grid_ndim))

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -139,9 +140,8 @@ class FieldSplitLikelihood(AmendedLikelihood):
         if axis is None or axis.size == 1:
             return GridLayout(self.n_blocks)
         if axis.mesh is not None:
-            raise NotImplementedError(
-                "a likelihood amended with field_blocks runs split over the model axis with ShardMap; "
-                "JitSharding(model_shards > 1) does not split the field yet (use ShardMap, or model_shards=1)"
+            raise ValueError(
+                "internal: a field-split likelihood traced outside its strategy's shard_map over the model axis"
             )
         if self.n_blocks % axis.size:
             raise ValueError(
@@ -328,27 +328,66 @@ def block_energy(likelihood: Likelihood, s, layout: GridLayout, observed=None):
 def _slab_model(model, layout: GridLayout, observed, out_shapes, xi):
     """The model on a latent with ``Slab`` leaves, its (pixel-wise) output as slabs.
 
-    With ``observed`` (the device's rows of the observed pixels) the model's Mask / Sampling
-    returns its input on the grid (:func:`~shardvi.models.responses.pixels_on_grid`).
-    ``out_shapes``: the device's rows of the data grid, per output leaf; a model whose output on
-    the device's rows has other shapes (or fails there) needs the whole field: ``ValueError``.
+    With ``observed`` (the device's rows of the observed pixels) the model's Mask / Sampling returns
+    its input on the grid (:func:`~shardvi.models.responses.pixels_on_grid`). ``out_shapes``:
+    the device's rows of the data grid, per output leaf. A model whose output on the device's
+    rows has other shapes (or that fails there) needs the whole field: under a model axis that
+    allows it (``JitSharding``) it is evaluated on the whole field, gathered on every device of
+    the axis (:func:`_whole_model`); else ``ValueError``.
     """
     try:
-        if observed is None:
-            out = model(xi)
-        else:
-            with pixels_on_grid(observed):
-                out = model(xi)
+        out = _call_on_grid(model, xi, observed)
+        failure = None
     except (TypeError, ValueError) as err:
         if layout.shards == 1:
             raise
-        raise ValueError(
-            _whole_field_message(layout, out_shapes, f"fails there ({type(err).__name__}: {err})")
-        ) from err
+        out, failure = None, (err, f"fails there ({type(err).__name__}: {err})")
+    if failure is None:
+        got = tuple(tuple(np.shape(o)) for o in jtu.tree_leaves(out))
+        if got == out_shapes:
+            return jtu.tree_map(lambda s: Slab(s, layout), out)
+        failure = (None, f"gives output shapes {list(got)}")
+    axis = current_model_axis()
+    if axis is not None and axis.whole_model:
+        warnings.warn(
+            f"field_blocks: the model needs the whole field (on one device's rows of the grid it "
+            f"{failure[1]}); it is evaluated on the whole field, gathered on each of the {layout.shards} devices "
+            f"of the model axis (the field's memory and the model's work are not split)",
+            UserWarning,
+            stacklevel=2,
+        )
+        return _whole_model(model, layout, observed, out_shapes, xi)
+    raise ValueError(_whole_field_message(layout, out_shapes, failure[1])) from failure[0]
+
+
+def _call_on_grid(model, xi, observed):
+    """``model(xi)``, its Mask / Sampling returning its input on the grid where ``observed`` is given."""
+    if observed is None:
+        return model(xi)
+    with pixels_on_grid(observed):
+        return model(xi)
+
+
+def _whole_model(model, layout: GridLayout, observed, out_shapes, xi):
+    """The model on the whole field, every device of the axis the same, cut to the device's rows.
+
+    The slabs are gathered into the whole grid (one device's layout: all blocks local) and
+    the model computes what it computes on one device, on every device of the axis; the
+    output's rows are cut out. Each is linear with the other as transpose (the replicated
+    cotangent in between is the whole one), so gradients and the metric are the one-device
+    ones, bitwise. Costs the whole field's memory and compute on every device.
+    """
+    one = GridLayout(layout.blocks)
+    whole_xi = jtu.tree_map(lambda x: Slab(gather_rows(x.value, layout), one) if is_slab(x) else x, xi, is_leaf=is_slab)
+    out = _call_on_grid(model, whole_xi, None if observed is None else gather_rows(observed, layout))
+    grid = tuple((s[0] * layout.shards,) + s[1:] for s in out_shapes)
     got = tuple(tuple(np.shape(o)) for o in jtu.tree_leaves(out))
-    if got != out_shapes:
-        raise ValueError(_whole_field_message(layout, out_shapes, f"gives output shapes {list(got)}"))
-    return jtu.tree_map(lambda s: Slab(s, layout), out)
+    if got != grid:
+        raise ValueError(
+            f"field_blocks: the model's output on the whole field has shapes {list(got)}, expected the data "
+            f"grid's {list(grid)}"
+        )
+    return jtu.tree_map(lambda o: Slab(local_rows(o, layout), layout), out)
 
 
 def _whole_field_message(layout: GridLayout, out_shapes, what: str) -> str:
@@ -356,9 +395,10 @@ def _whole_field_message(layout: GridLayout, out_shapes, what: str) -> str:
         f"field_blocks: the model must act on the field row block by row block, but on one device's rows of the "
         f"grid (its {layout.local_blocks} of {layout.blocks} blocks, split over {layout.shards} devices) it "
         f"{what}; expected the device's rows of the data grid, shapes {list(out_shapes)}. An operation that "
-        f"needs the whole field (a reshape, transpose, flip, shift or sum across the grid's first axis) cannot "
-        f"run with the field split over a model axis: use model_shards=1, or amend the likelihood without "
-        f"field_blocks"
+        f"needs the whole field (a reshape, transpose or sum across the grid's first axis) cannot run with "
+        f"the field split over ShardMap's model axis: use JitSharding (which evaluates such a model on the "
+        f"whole field, gathered on every device of the model axis), model_shards=1, or amend the likelihood "
+        f"without field_blocks"
     )
 
 
