@@ -229,14 +229,13 @@ class JitSharding(MultiDevice):
                 vals = chunked_apply(fn, in_axes, tuple(local), self.chunk_size)
                 return masked_local_sum(vals, layout, d)
 
-            index = jnp.arange(layout.n_devices)
+            split.append(jnp.arange(layout.n_devices))
             if self._splits_rows(padded):
-                parts = self._jit_rows(per_device, axes, split + [index], 0)
-                total = jtu.tree_map(lambda x: jnp.sum(x, axis=0), parts)
-                return self._replicated(divide(total, layout.n))
-            parts = self._jit(per_device, axes, sharded(self.mesh), split + [index])
-            total = jax.tree_util.tree_map(lambda x: jnp.sum(x, axis=0), parts)
-            return jax.lax.with_sharding_constraint(divide(total, layout.n), replicated(self.mesh))
+                parts = self._jit_rows(per_device, axes, split, 0)
+            else:
+                parts = self._jit(per_device, axes, sharded(self.mesh), split)
+            total = jtu.tree_map(lambda x: jnp.sum(x, axis=0), parts)
+            return self._replicated(divide(total, layout.n))
 
         return mm
 
