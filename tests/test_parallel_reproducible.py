@@ -193,3 +193,24 @@ def test_correlated_field_bitwise_across_device_counts():
     assert len(got) == len(ref)
     for a, b in zip(got, ref):
         assert np.array_equal(a, b), f"jit on 4 devices differs from 1-device vmap: max |diff| {np.max(np.abs(a - b))}"
+
+
+def _poisson_likelihood():
+    """Counts with an exp link on the small problem's model: the square roots and divisions of the Poisson
+    metric (``e / sqrt(s)``, ``t / s``) in every step, geoVI included."""
+    rng = np.random.default_rng(5)
+    base = likelihood()
+    rate = np.asarray(base.model({"a": rng.normal(size=8), "b": np.array(0.3)})) * 4.0
+    return sv.Poisson(rng.poisson(rate).astype(np.float64)).amend(base.model)
+
+
+@pytest.mark.slow
+def test_poisson_bitwise_under_jit_sharding():
+    """A Poisson run through linear_resample, nonlinear_resample and nonlinear_update: ``JitSharding`` on 4
+    devices (GSPMD, where XLA once rewrote ``x / sqrt(y)`` differently than in one-device programs) is
+    bitwise the 1-device vmap run."""
+    ref = _arrays(*run_reconstruction("vmap", lh=_poisson_likelihood()))
+    got = _arrays(*run_reconstruction(sv.parallel.JitSharding(devices=jax.devices()[:4]), lh=_poisson_likelihood()))
+    assert len(got) == len(ref)
+    for a, b in zip(got, ref):
+        assert np.array_equal(a, b), f"jit on 4 devices differs from 1-device vmap: max |diff| {np.max(np.abs(a - b))}"
