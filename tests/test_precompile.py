@@ -264,6 +264,29 @@ def test_precompiler_caller_compiles_a_lowered_step_waiting_for_the_compile_thre
     assert [s for s, _ in log] == ["compile busy", "compile next"]  # each once
 
 
+def test_precompiler_claim_during_lowering_compiles_in_the_caller_when_the_compile_thread_is_busy():
+    """A step claimed while its lowering is under way waits for the lowering only: with the compile thread busy
+    it is compiled in the caller (before, the claim waited for the queue of the compile thread as well)."""
+    pc = Precompiler()
+    log, busy, lowering, release = [], threading.Event(), threading.Event(), threading.Event()
+    pc.submit("busy", lambda: _Lowered("busy", log, busy))
+
+    def slow_lowering():
+        lowering.set()
+        release.wait(5)
+        return _Lowered("next", log)
+
+    pc.submit("next", slow_lowering)
+    assert lowering.wait(5)
+    threading.Timer(0.05, release.set).start()  # the lowering ends while the claim below waits for it
+    pc.claim("next")
+    assert log == [("compile busy", log[0][1]), ("compile next", threading.current_thread().name)]
+    busy.set()
+    pc.claim("busy")
+    pc.join()
+    assert [s for s, _ in log] == ["compile busy", "compile next"]
+
+
 def test_precompiler_drops_a_step_lowered_across_cancel_pending():
     pc = Precompiler()
     log, gate = [], threading.Event()

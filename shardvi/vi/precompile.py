@@ -55,7 +55,7 @@ if _register_atexit is not None:
 class _Job:
     """One submitted step: ``thunk`` lowers it; the compile stage compiles what it returned."""
 
-    __slots__ = ("key", "thunk", "lowered", "state", "ok", "done", "epoch")
+    __slots__ = ("key", "thunk", "lowered", "state", "ok", "done", "lowering_done", "epoch")
 
     def __init__(self, key: Hashable, thunk: Callable[[], object] | None, epoch: int):
         self.key, self.thunk, self.epoch = key, thunk, epoch
@@ -63,6 +63,7 @@ class _Job:
         self.state = "queued"  # -> "lowering" -> "to-compile" -> "compiling" -> "done"; or "cancelled"
         self.ok = False
         self.done = threading.Event()
+        self.lowering_done = threading.Event()  # the thunk has returned (or the job never reached it)
 
 
 class Precompiler:
@@ -122,12 +123,17 @@ class Precompiler:
     def claim(self, key: Hashable) -> None:
         """Before the real call of step ``key``: make sure it is compiled, or leave it to the call.
 
-        A step being lowered or compiled in the background is waited for; one lowered and
-        waiting for the compile thread is compiled now, in the calling thread (in parallel with
-        the background compilation); one not lowered yet is cancelled (the call compiles it).
+        A step being compiled in the background is waited for; one lowered and waiting for the
+        compile thread is compiled now, in the calling thread (in parallel with the background
+        compilation), also when its lowering was under way at the claim (its end is waited for);
+        one not lowered yet is cancelled (the call compiles it).
         """
         with self._lock:
             self._known.add(key)
+            job = self._jobs.get(key)
+        if job is not None and job.state == "lowering":
+            job.lowering_done.wait()
+        with self._lock:
             job = self._jobs.pop(key, None)
             if job is None:
                 return
@@ -177,6 +183,7 @@ class Precompiler:
         if job.state not in ("queued", "to-compile"):
             return job.state == "cancelled"
         job.state, job.lowered = "cancelled", None
+        job.lowering_done.set()
         job.done.set()
         return True
 
@@ -185,7 +192,13 @@ class Precompiler:
             if job.state != "queued":
                 return
             job.state = "lowering"
-        ok, lowered = _attempt(job.key, job.thunk)
+        try:
+            self._lowered(job, *_attempt(job.key, job.thunk))
+        finally:
+            job.lowering_done.set()
+
+    def _lowered(self, job: _Job, ok: bool, lowered) -> None:
+        """(lowering stage) Hand the thunk's result to the compile stage, or finish the job."""
         job.thunk = None
         with self._lock:
             if job.epoch != self._epoch:  # cancel_pending ran while it was lowered
