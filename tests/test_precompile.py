@@ -12,7 +12,6 @@ from _parallel_problem import final_arrays
 from _small_problem import exp_problem as _problem
 
 import shardvi as sv
-from shardvi.vi import precompile as precompile_module
 from shardvi.vi.precompile import Precompiler
 
 PROBLEM = _problem()
@@ -96,27 +95,20 @@ def _run(precompile, **kwargs):
     ],
     ids=["vmap", "multi-device-unmirrored"],
 )
-@pytest.mark.parametrize("cores", [2, 4])
-def test_each_step_built_once_ahead_of_its_call(kwargs, n_programs, cores, monkeypatch):
+def test_each_step_built_once_ahead_of_its_call(kwargs, n_programs):
     """Stand-ins match the real calls: the background builds the programs the run uses, each once.
 
     The calling thread builds only the first step (the geoVI update compiled ahead of iteration 3, ...);
     a stand-in whose shape or placement differed from the real call would make the call build its own
-    program, on the calling thread. On 4 cores the caller also compiles steps lowered ahead whose
-    compilation had not started (``stolen``); on 2 cores it never does (one compilation at a time), and
-    where a later iteration submitted the first step too, the background builds that one as well.
+    program, on the calling thread.
     """
-    monkeypatch.setattr(precompile_module, "available_cores", lambda: cores)
     _, state, log = _run(True, **kwargs)
     builds = log.builds
     assert [r.n_samples for r in state.history][-2:] in ([1, 1], [0, 2])
     assert len(builds) == n_programs, builds
     main = [name for name, thread in builds if not thread.startswith("shardvi-precompile")]
     # the first step of the run; all others were lowered ahead, and compiled ahead unless the call came first
-    if cores >= 4:
-        assert main == ["draw_linear", *log.stolen], (builds, log.stolen)
-    else:
-        assert main in (["draw_linear"], []) and log.stolen == [], (builds, log.stolen)
+    assert main == ["draw_linear", *log.stolen], (builds, log.stolen)
 
 
 def test_same_bits_as_compiling_at_each_call():
@@ -158,7 +150,7 @@ def test_precompile_must_be_bool():
 
 # -- the Precompiler itself ------------------------------------------------------------------------------
 def test_precompiler_claim_waits_cancels_and_swallows():
-    pc = Precompiler(caller_compiles=True)
+    pc = Precompiler()
     gate, started, ran = threading.Event(), threading.Event(), []
 
     def slow():
@@ -254,7 +246,7 @@ def test_precompiler_pipelines_lowering_and_compiling():
 
 
 def test_precompiler_caller_compiles_a_lowered_step_waiting_for_the_compile_thread():
-    pc = Precompiler(caller_compiles=True)
+    pc = Precompiler()
     log, gate = [], threading.Event()
     pc.submit("busy", lambda: _Lowered("busy", log, gate))
     pc.submit("next", lambda: _Lowered("next", log))
@@ -275,7 +267,7 @@ def test_precompiler_caller_compiles_a_lowered_step_waiting_for_the_compile_thre
 def test_precompiler_claim_during_lowering_compiles_in_the_caller_when_the_compile_thread_is_busy():
     """A step claimed while its lowering is under way waits for the lowering only: with the compile thread busy
     it is compiled in the caller (before, the claim waited for the queue of the compile thread as well)."""
-    pc = Precompiler(caller_compiles=True)
+    pc = Precompiler()
     log, busy, lowering, release = [], threading.Event(), threading.Event(), threading.Event()
     pc.submit("busy", lambda: _Lowered("busy", log, busy))
 
@@ -293,34 +285,6 @@ def test_precompiler_claim_during_lowering_compiles_in_the_caller_when_the_compi
     pc.claim("busy")
     pc.join()
     assert [s for s, _ in log] == ["compile busy", "compile next"]
-
-
-def test_precompiler_one_compilation_at_a_time_without_caller_compiles():
-    """``caller_compiles=False`` (the default on fewer than 4 cores): a claim waits for the threads, which lower
-    and compile every submitted step once, in submission order, also one not lowered yet at the claim (with
-    ``caller_compiles`` that one is cancelled and left to the call)."""
-    pc = Precompiler(caller_compiles=False)
-    log, busy = [], threading.Event()
-    pc.submit("busy", lambda: _Lowered("busy", log, busy))
-    pc.submit("next", lambda: _Lowered("next", log))
-    pc.submit("last", lambda: _Lowered("last", log))
-    threading.Timer(0.05, busy.set).start()  # "next" waits for the compile thread while the claim waits
-    pc.claim("next")
-    assert [s for s, _ in log][:2] == ["compile busy", "compile next"]  # "last" may follow in the background
-    assert pc.pending() == ("busy", "last")
-    pc.claim("last")
-    assert {t for _, t in log} == {log[0][1]} != {threading.current_thread().name}  # all in the compile thread
-    assert [s for s, _ in log] == ["compile busy", "compile next", "compile last"]
-    pc.claim("busy")
-    assert pc.pending() == ()
-
-
-def test_precompiler_compiles_in_the_caller_from_4_cores(monkeypatch):
-    for cores, expected in ((1, False), (2, False), (3, False), (4, True), (16, True)):
-        monkeypatch.setattr(precompile_module, "available_cores", lambda c=cores: c)
-        assert Precompiler().caller_compiles is expected
-    assert Precompiler(caller_compiles=True).caller_compiles is True
-    assert precompile_module.available_cores() >= 1
 
 
 def test_precompiler_drops_a_step_lowered_across_cancel_pending():
@@ -352,15 +316,17 @@ def test_exit_hook_drops_queued_compilations():
     import concurrent.futures.thread as cft
     import threading as th
 
+    from shardvi.vi import precompile
+
     # ours runs before concurrent.futures joins its workers (the hooks, partials, run in reverse order)
     hooks = [h.func for h in th._threading_atexits]  # pyright: ignore[reportAttributeAccessIssue]
-    assert hooks.index(precompile_module._cancel_all_at_exit) > hooks.index(cft._python_exit)
+    assert hooks.index(precompile._cancel_all_at_exit) > hooks.index(cft._python_exit)
     pc = Precompiler()
     gate, ran = threading.Event(), []
     pc.submit("busy", lambda: gate.wait(5))
     for k in range(3):
         pc.submit(k, lambda k=k: ran.append(k))
-    precompile_module._cancel_all_at_exit()
+    precompile._cancel_all_at_exit()
     assert pc.pending() == ()
     gate.set()
     pc.submit("after", lambda: ran.append("after"))  # runs once "busy" is done

@@ -11,14 +11,10 @@ arguments of the shapes, dtypes and placements of its real call
 the executable in the step's own cache, so the real call compiles nothing.
 Lowering (tracing in Python) and compiling (XLA) run in two threads, a
 pipeline: the next step is traced while the previous one compiles. Before the
-real call the caller *claims* the step. On a machine with few cores (fewer
-than :data:`PARALLEL_COMPILE_MIN_CORES`) the claim waits until the threads
-have lowered and compiled it: one XLA compilation at a time, which on 2 cores
-takes the same wall time as two side by side, with less CPU and peak memory.
-With more cores a step that is being compiled is waited for, a lowered one (or
-one whose lowering is under way) that waits for the compile thread is compiled
-by the caller, and one not lowered yet is cancelled (the call compiles it);
-either way in parallel with what the threads are doing.
+real call the caller *claims* the step: a step that is being lowered or
+compiled is waited for, a lowered one that waits for the compile thread is
+compiled by the caller, and one not lowered yet is cancelled (the call
+compiles it); either way in parallel with what the threads are doing.
 
 The result is the same program, bitwise: the same lowering with the same
 compiler options. A precompilation that fails is dropped: the real call
@@ -32,7 +28,6 @@ from __future__ import annotations
 import concurrent.futures
 import concurrent.futures.thread  # registers its exit hook now, before ours (hooks run in reverse order)
 import logging
-import os
 import threading
 import weakref
 from collections.abc import Callable, Hashable
@@ -57,16 +52,6 @@ if _register_atexit is not None:
     _register_atexit(_cancel_all_at_exit)
 
 
-PARALLEL_COMPILE_MIN_CORES = 4
-"""Cores from which :class:`Precompiler` compiles a claimed step in the caller, beside the background compilation."""
-
-
-def available_cores() -> int:
-    """Cores this process may run on (its CPU affinity where the platform has one, else ``os.cpu_count()``)."""
-    affinity = getattr(os, "sched_getaffinity", None)
-    return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
-
-
 class _Job:
     """One submitted step: ``thunk`` lowers it; the compile stage compiles what it returned."""
 
@@ -89,17 +74,6 @@ class Precompiler:
     enabled : bool
         ``False``: :meth:`submit` does nothing (every step compiles on its
         first call, in the calling thread).
-    caller_compiles : bool or None
-        Whether :meth:`claim` compiles a submitted step in the calling thread,
-        beside the background compilation, when the compile thread has not
-        started it (``True``), or waits for the threads to lower and compile it
-        in submission order (``False``: one XLA compilation at a time). ``None``
-        (default): ``True`` on a machine with at least
-        :data:`PARALLEL_COMPILE_MIN_CORES` cores available to the process. XLA:CPU
-        already spreads one compilation over ~1.5 cores (its LLVM code
-        generation runs in a thread pool): on 2 cores a second concurrent
-        compilation only shares them, costs ~10 % more CPU and peak memory, and
-        makes no run shorter (``BENCHMARKS.md``, issue 12).
 
     Notes
     -----
@@ -116,11 +90,8 @@ class Precompiler:
     that are running.
     """
 
-    def __init__(self, enabled: bool = True, caller_compiles: bool | None = None):
+    def __init__(self, enabled: bool = True):
         self.enabled = bool(enabled)
-        self.caller_compiles = (
-            available_cores() >= PARALLEL_COMPILE_MIN_CORES if caller_compiles is None else caller_compiles
-        )
         self._jobs: dict[Hashable, _Job] = {}
         self._known: set = set()  # keys ever submitted or claimed
         self._lowerer: concurrent.futures.ThreadPoolExecutor | None = None
@@ -152,20 +123,14 @@ class Precompiler:
     def claim(self, key: Hashable) -> None:
         """Before the real call of step ``key``: make sure it is compiled, or leave it to the call.
 
-        Without ``caller_compiles`` a submitted step is waited for until the threads have lowered
-        and compiled it. With it, a step being compiled in the background is waited for; one
-        lowered and waiting for the compile thread is compiled now, in the calling thread (in
-        parallel with the background compilation), also when its lowering was under way at the
-        claim (its end is waited for); one not lowered yet is cancelled (the call compiles it).
+        A step being compiled in the background is waited for; one lowered and waiting for the
+        compile thread is compiled now, in the calling thread (in parallel with the background
+        compilation), also when its lowering was under way at the claim (its end is waited for);
+        one not lowered yet is cancelled (the call compiles it).
         """
         with self._lock:
             self._known.add(key)
             job = self._jobs.get(key)
-        if job is not None and not self.caller_compiles:  # one compilation at a time: the threads', in order
-            with self._lock:
-                self._jobs.pop(key, None)
-            job.done.wait()  # never raises: the stages catch the step's errors
-            return
         if job is not None and job.state == "lowering":
             job.lowering_done.wait()
         with self._lock:
