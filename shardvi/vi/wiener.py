@@ -34,7 +34,8 @@ from ..models.model import check_latent
 from ..parallel.reproducible import engine_options_key, reproducible_jit
 from ..parallel.strategy import Placed, Strategy, get_strategy
 from .gaussian import Gaussian
-from .kl import hamiltonian, hamiltonian_metric_operator
+from .blocked import BlockedLikelihood
+from .kl import _blocked_value_and_grad, hamiltonian, hamiltonian_metric_operator
 from .likelihood import AmendedLikelihood, Likelihood
 from .samples import Samples, interleave_pairs
 from .sampling import draw_linear_residual
@@ -89,14 +90,27 @@ class WienerFilterInfo(NamedTuple):
         return "; ".join(parts)
 
 
-def _check_likelihood(lh) -> None:
+def _check_likelihood(lh, space: str) -> None:
     if not isinstance(lh, Likelihood):
         raise TypeError(f"lh must be a shardvi Likelihood, got {type(lh).__name__}")
-    if getattr(lh, "field_split", False) or lh.blocked:
+    if getattr(lh, "field_split", False):
         raise NotImplementedError(
-            f"wiener_filter_posterior does not take a {type(lh).__name__} (blocked data or a split field) yet: "
-            "amend the Gaussian without data_blocks/field_blocks"
+            "wiener_filter_posterior does not take a likelihood amended with field_blocks yet: amend the Gaussian "
+            "without field_blocks (or with data_blocks: blocked data are supported in signal space)"
         )
+    if isinstance(lh, BlockedLikelihood):
+        if not isinstance(lh.blocks["likelihood"], Gaussian):
+            raise TypeError(
+                "wiener_filter_posterior needs a linear-Gaussian problem: lh = sv.Gaussian(...).amend(model, "
+                f"data_blocks=B); got blocked data of a {lh._likelihood_type} (use sv.optimize_kl for other "
+                "likelihoods)"
+            )
+        if space != "signal":
+            raise ValueError(
+                "space='data' needs the whitened response on the whole data, which blocked data (data_blocks) "
+                "never assemble: use space='signal' (its solves run in the latent space, summed over the blocks)"
+            )
+        return
     if type(lh) is not AmendedLikelihood or not isinstance(lh.likelihood, Gaussian):
         raise TypeError(
             "wiener_filter_posterior needs a linear-Gaussian problem: lh = sv.Gaussian(...).amend(model) with a "
@@ -106,17 +120,26 @@ def _check_likelihood(lh) -> None:
         )
 
 
-@jax.jit
-def _defect(lik, a, b):
-    """``|s(a + b) - s(a) - s(b) + s(0)|`` relative to the four terms' norms."""
-    f = lik.model
+def _defect_terms(f, a, b):
+    """Squared norms of ``s(a + b) - s(a) - s(b) + s(0)`` and of the four terms (``s = f``)."""
     parts = (f(tm.add(a, b)), f(a), f(b), f(tm.zeros_like(a)))
     defect = tm.add(tm.sub(parts[0], parts[1]), tm.sub(parts[3], parts[2]))
-    scale = sum(tm.norm(p) for p in parts)
-    return tm.norm(defect) / jnp.maximum(scale, jnp.finfo(tm.leaf_dtype(a)).tiny)
+    return jnp.stack([tm.norm(x) ** 2 for x in (defect, *parts)])
 
 
-def _nonlinearity(lh: AmendedLikelihood) -> float:
+@jax.jit
+def _defect(lik, a, b):
+    """``|s(a + b) - s(a) - s(b) + s(0)|`` relative to the four terms' norms (for blocked data: the norms over
+    all blocks)."""
+    if isinstance(lik, BlockedLikelihood):
+        sq = lik._sum(lambda blk, x, y: _defect_terms(functools.partial(lik._signal, blk), x, y), a, b)
+    else:
+        sq = _defect_terms(lik.model, a, b)
+    norms = jnp.sqrt(sq)
+    return norms[0] / jnp.maximum(jnp.sum(norms[1:]), jnp.finfo(tm.leaf_dtype(a)).tiny)
+
+
+def _nonlinearity(lh) -> float:
     """Relative size of ``s(a + b) - s(a) - s(b) + s(0)`` for two fixed random latents (0 for an affine model)."""
     ka, kb = jax.random.split(jax.random.PRNGKey(20260511))
     return float(_defect(lh, tm.random_like(ka, lh.domain), tm.random_like(kb, lh.domain)))
@@ -140,7 +163,8 @@ def _data_space_solver(a_op, a_adj, config):
 
 
 def _mean_signal(lh, pos, config):
-    g = jax.grad(hamiltonian, argnums=1)(lh, pos)
+    # blocked data: the gradient from the blocks' own sums (as the KL's), not by differentiating them
+    g = _blocked_value_and_grad(lh, pos)[1] if lh.blocked else jax.grad(hamiltonian, argnums=1)(lh, pos)
     res = conjugate_gradient(hamiltonian_metric_operator(lh, pos), g, None, config, min_curvature=1.0)
     return tm.sub(pos, res.x), res.nit, res.status
 
@@ -166,10 +190,16 @@ def _draw_signal(lh, mean, key, config):
     return r, res.nit, res.status
 
 
-_MEAN = {
-    "signal": jax.jit(_mean_signal, static_argnames="config"),
-    "data": jax.jit(_mean_data, static_argnames="config"),
-}
+_MEAN = {"signal": _mean_signal, "data": _mean_data}
+
+
+@functools.lru_cache(maxsize=32)
+def _mean_step(strategy: Strategy, space: str, options: tuple = ()):
+    """The compiled mean solve, its inputs placed by ``strategy`` (blocked data: split over its model axis).
+
+    ``options``: the engine's compiler options when built (part of the cache key only).
+    """
+    return Placed(strategy, reproducible_jit(_MEAN[space], static_argnames="config"))
 
 
 @functools.lru_cache(maxsize=32)
@@ -205,8 +235,8 @@ def wiener_filter_posterior(
     Parameters
     ----------
     lh : Likelihood
-        ``sv.Gaussian(data, ...).amend(model)`` with ``model`` affine in the
-        latent ``xi ~ N(0, I)``.
+        ``sv.Gaussian(data, ...).amend(model)`` (optionally with
+        ``data_blocks``) with ``model`` affine in the latent ``xi ~ N(0, I)``.
     position : pytree, optional
         Where the problem is linearized (any point, for an affine model);
         default zeros of ``lh.domain``.
@@ -244,11 +274,21 @@ def wiener_filter_posterior(
         ``lh`` is not an amended Gaussian, bad argument types.
     ValueError
         A nonlinear model, ``n_samples < 0``, an unknown ``space``, a
-        ``position`` that does not match ``lh.domain``.
+        ``position`` that does not match ``lh.domain``, ``space="data"``
+        with blocked data.
+    NotImplementedError
+        A likelihood amended with ``field_blocks``.
+
+    Notes
+    -----
+    Data amended with ``data_blocks`` (``amend(model, data_blocks=B)``) are
+    solved in signal space, every sum over the blocks in block order; a
+    strategy with ``model_shards = k`` keeps each device's blocks there (the
+    mean solve and the samples), bitwise the one-device result.
     """
-    _check_likelihood(lh)
     if space not in SPACES:
         raise ValueError(f"space must be one of {SPACES}, got {space!r}")
+    _check_likelihood(lh, space)
     if isinstance(n_samples, bool) or not isinstance(n_samples, (int, np.integer)):
         raise TypeError(f"n_samples must be an int >= 0 (number of pairs), got {type(n_samples).__name__}")
     if n_samples < 0:
@@ -261,7 +301,6 @@ def wiener_filter_posterior(
     if position is None:
         position = jtu.tree_map(lambda d: jnp.zeros(d.shape, d.dtype), lh.domain)
     check_latent(position, lh.domain, "position", exact_dtype=True)
-    assert isinstance(lh, AmendedLikelihood)  # _check_likelihood
     nonlin = _nonlinearity(lh) if check_linear else float("nan")
     if check_linear and not nonlin <= _tolerance(lh):
         raise ValueError(
@@ -271,7 +310,7 @@ def wiener_filter_posterior(
             "its own rounding)"
         )
     strategy = get_strategy(sample_map, "sample_map", devices)
-    mean, mean_nit, mean_status = _MEAN[space](lh, position, config=cg)
+    mean, mean_nit, mean_status = _mean_step(strategy, space, engine_options_key())(lh, position, config=cg)
     if n_samples == 0:
         residuals = jtu.tree_map(lambda p: jnp.zeros((0,) + p.shape, p.dtype), mean)
         info = WienerFilterInfo(space, int(mean_nit), Status(int(mean_status)), (), (), nonlin)
