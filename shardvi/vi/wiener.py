@@ -33,8 +33,8 @@ from ..minimizers.status import Status, status_message
 from ..models.model import check_latent
 from ..parallel.reproducible import engine_options_key, reproducible_jit
 from ..parallel.strategy import Placed, Strategy, get_strategy
-from .gaussian import Gaussian
 from .blocked import BlockedLikelihood
+from .gaussian import Gaussian
 from .kl import _blocked_value_and_grad, hamiltonian, hamiltonian_metric_operator
 from .likelihood import AmendedLikelihood, Likelihood
 from .samples import Samples, interleave_pairs
