@@ -16,11 +16,11 @@ and ``--iterations`` MGVI iterations:
    ``peak = fixed + per_pixel * npix**2`` through them;
 2. the largest ``npix`` (a multiple of ``--blocks``) whose predicted peak is
    within ``--budget-mib``;
-3. runs to verify it: while the measured peak exceeds the budget, a grid
-   ``--step`` smaller; while it is within, the grid that the line through this
-   run and the largest smaller one predicts, if that is more than half a step
-   larger (the fit at small sizes overstates the growth: fixed costs); at
-   most ``--max-tries`` runs.
+3. runs to verify it, each at the grid where the line through the last run
+   and the largest smaller one meets the budget: smaller while the measured
+   peak exceeds the budget, larger while it is within, if more than half a
+   ``--step`` larger (the fit at small sizes overstates the growth: fixed
+   costs); at most ``--max-tries`` runs.
 
 The result is the largest *verified* grid per configuration and its ratio of
 pixels to shardvi on one process and to NIFTy.re. All processes share this
@@ -106,8 +106,12 @@ def largest(args, name, peak_of) -> dict:
             if grown <= npix * (1 + args.step / 2):
                 break
             npix = grown
-        else:
-            npix = int(npix * (1 - args.step)) // b * b
+        else:  # over: where the line through this run and the largest smaller one meets the budget
+            shrunk = npix * (1 - args.step)
+            if below is not None and peak > below[1]:
+                slope = (peak - below[1]) / (npix * npix - below[0] * below[0])
+                shrunk = min(npix - b, math.sqrt(below[0] * below[0] + (args.budget_mib - below[1]) / slope))
+            npix = int(shrunk) // b * b
             if verified is not None and npix <= verified["npix"]:
                 break
     return dict(
@@ -136,7 +140,12 @@ def main(argv=None):
     ap.add_argument("--newton-iters", type=int, default=1)
     ap.add_argument("--noise", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--step", type=float, default=0.05, help="shrink factor when a verification run is over")
+    ap.add_argument(
+        "--step",
+        type=float,
+        default=0.05,
+        help="relative shrink when over without a line; growth under half of it stops",
+    )
     ap.add_argument("--max-tries", type=int, default=3, help="verification runs per configuration")
     ap.add_argument("--timeout", type=float, default=3000, help="seconds per run")
     ap.add_argument(
@@ -193,7 +202,7 @@ def main(argv=None):
         "predicted npix",
         "largest verified",
         "its peak MiB",
-        "pixels / shardvi 1 process",
+        f"pixels / shardvi P={procs[0]}",
         "pixels / NIFTy.re",
     ]
     print(

@@ -1,5 +1,6 @@
 """The benchmark scripts run (``--smoke``, shardvi side only) and write the documented JSON."""
 
+import argparse
 import json
 import math
 import os
@@ -7,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import scipy.optimize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmarks")
@@ -65,3 +67,38 @@ def test_bench_scaling_and_metric_smoke(tmp_path):
             assert _positive_finite(r[k]), (k, r[k])
         assert len(r["times_s"]) == m["meta"]["repeats"]
         assert math.isfinite(r["check"]) and r["check_rel_diff"] < 1e-10  # both strategies: the same metric
+
+
+def _largest_search():
+    sys.path.insert(0, BENCH)
+    try:
+        import bench_field_largest
+    finally:
+        sys.path.remove(BENCH)
+    return bench_field_largest
+
+
+@pytest.mark.parametrize(
+    "peak",
+    [
+        # linear, with 100 MiB of fixed cost only at the small fit sizes: the fit overstates the slope a little
+        lambda n: 400 + 150e-6 * n * n + (100 if n <= 1024 else 0),
+        # steeper at large sizes than the fit says: the first run is over the budget and the search steps down
+        lambda n: 300 + 100e-6 * n * n * (1 + n / 4000),
+        # much flatter at large sizes (fixed costs at small ones): the search grows along the last secant
+        lambda n: 400 + (300e-6 if n <= 1024 else 120e-6) * n * n,
+    ],
+    ids=["linear", "over", "under"],
+)
+def test_bench_field_largest_search(peak, capsys):
+    """The largest-grid search (fit, verify, step down or grow) ends within the budget, near the true largest grid
+    (a multiple of the blocks, within the half-step growth tolerance)."""
+    L = _largest_search()
+    true_max = scipy.optimize.brentq(lambda n: peak(n) - 4096.0, 1100.0, 20000.0)
+    args = argparse.Namespace(fit=[512, 1024], blocks=8, budget_mib=4096.0, max_tries=4, step=0.05)
+    out = L.largest(args, "fake", peak)
+    v = out["verified"]
+    assert v is not None and v["peak_mib"] <= 4096.0 and v["npix"] % 8 == 0
+    assert peak(v["npix"]) == v["peak_mib"]
+    assert 0.95 * true_max <= v["npix"] <= true_max
+    assert v["npix"] == max(r["npix"] for r in out["runs"] if r["peak_mib"] <= 4096.0)  # the largest run within
