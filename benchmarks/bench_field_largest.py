@@ -133,13 +133,7 @@ def main(argv=None):
     ap.add_argument("--fit", default="512,1024", help="grid sizes of the line fit, comma separated")
     ap.add_argument("--processes", default="1,4", help="shardvi process counts")
     ap.add_argument("--nifty", action=argparse.BooleanOptionalAction, default=True, help="NIFTy.re row")
-    ap.add_argument("--blocks", type=int, default=8, help="field blocks (a multiple of every process count)")
-    ap.add_argument("--pairs", type=int, default=2)
-    ap.add_argument("--iterations", type=int, default=3)
-    ap.add_argument("--cg-iters", type=int, default=3)
-    ap.add_argument("--newton-iters", type=int, default=1)
-    ap.add_argument("--noise", type=float, default=0.1)
-    ap.add_argument("--seed", type=int, default=0)
+    FM.add_problem_arguments(ap)
     ap.add_argument(
         "--step",
         type=float,

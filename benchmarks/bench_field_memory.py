@@ -172,9 +172,8 @@ def _spawn(args, nproc, out):
     return C.spawn_processes(argv, nproc, args.timeout, f"P={nproc}")
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--npix", type=int, default=2048)
+def add_problem_arguments(ap) -> None:
+    """The problem's and the runs' options but the grid size (also ``bench_field_largest.py``'s)."""
     ap.add_argument("--blocks", type=int, default=8, help="field blocks (a multiple of every process count)")
     ap.add_argument("--pairs", type=int, default=2)
     ap.add_argument("--iterations", type=int, default=3)
@@ -182,6 +181,12 @@ def main(argv=None):
     ap.add_argument("--newton-iters", type=int, default=1)
     ap.add_argument("--noise", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--npix", type=int, default=2048)
+    add_problem_arguments(ap)
     ap.add_argument("--processes", default="1,2,4")
     ap.add_argument("--timeout", type=float, default=3000)
     ap.add_argument("--smoke", action="store_true", help="tiny problem (seconds)")

@@ -1,4 +1,5 @@
-"""The model-parallel test problems (tests/test_model_parallel.py, tests/_distributed_worker.py); not a test module."""
+"""The model-parallel test problems (tests/test_model_parallel.py, tests/_distributed_worker.py,
+tests/test_wiener_posterior.py); not a test module."""
 
 from __future__ import annotations
 
@@ -12,6 +13,21 @@ from jax.tree_util import Partial
 import shardvi as sv
 
 N_PIX, N_LAT, N_DATA = 24, 16, 96
+
+
+def linear_blocked_problem():
+    """``s_i = row_i . xi`` (6 latents) with per-datum rows as ``data_inputs``, 40 data in 4 blocks, heteroscedastic
+    Gaussian noise: ``(lh, D, m)`` with the exact posterior covariance ``D`` and mean ``m``."""
+    rng = np.random.default_rng(3)
+    n_lat, n = 6, 40
+    rows = rng.normal(size=(n, n_lat))
+    std = 0.3 + 0.2 * rng.random(n)
+    d = rows @ rng.normal(size=n_lat) + std * rng.normal(size=n)
+    domain = {"x": jax.ShapeDtypeStruct((n_lat,), jnp.float64)}
+    model = sv.Model(lambda xi, inp: inp["row"] @ xi["x"], domain, data_inputs={"row": rows})
+    lh = sv.Gaussian(d, noise_std=std).amend(model, data_blocks=4)
+    D = np.linalg.inv(np.eye(n_lat) + rows.T @ (rows / std[:, None] ** 2))
+    return lh, D, D @ (rows.T @ (d / std**2))
 
 
 def _pixel_call(a, xi, inputs):

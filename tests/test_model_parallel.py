@@ -13,7 +13,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _model_parallel_problem import N_DATA, masked_problem, one_device_run, radio_problem, run_layout, start_position
+from _model_parallel_problem import (
+    N_DATA,
+    linear_blocked_problem,
+    masked_problem,
+    one_device_run,
+    radio_problem,
+    run_layout,
+    start_position,
+)
 
 import shardvi as sv
 from shardvi import tree_math as tm
@@ -102,16 +110,8 @@ def test_poisson_and_student_t_blocked_equal_unblocked():
 
 def test_wiener_filter_closed_form_with_blocked_data():
     """Linear model, Gaussian noise: the MGVI position is the posterior mean, whatever the mesh."""
-    rng = np.random.default_rng(3)
-    n_lat, n = 6, 40
-    r = rng.normal(size=(n, n_lat))
-    std = 0.3 + 0.2 * rng.random(n)
-    d = r @ rng.normal(size=n_lat) + std * rng.normal(size=n)
-    domain = {"x": jax.ShapeDtypeStruct((n_lat,), jnp.float64)}
-    model = sv.Model(lambda xi, inp: inp["row"] @ xi["x"], domain, data_inputs={"row": r})
-    lh = sv.Gaussian(d, noise_std=std).amend(model, data_blocks=4)
-    prec = np.eye(n_lat) + r.T @ (r / std[:, None] ** 2)
-    mean = np.linalg.solve(prec, r.T @ (d / std**2))
+    lh, _, mean = linear_blocked_problem()
+    n_lat = mean.shape[0]
     cfg = sv.NewtonCGConfig(xtol=1e-12, maxiter=20, cg=sv.CGConfig(tol=1e-12, maxiter=50))
     for strat in (ShardMap(devices=jax.devices()[:4], model_shards=2),):  # (Vmap: the same bits, tested below)
         samples, _ = sv.optimize_kl(

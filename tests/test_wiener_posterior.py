@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _model_parallel_problem import linear_blocked_problem
 
 import shardvi as sv
 from shardvi import tree_math as tm
@@ -115,18 +116,7 @@ def test_bad_inputs(problem):
 
 @pytest.fixture(scope="module")
 def blocked_problem():
-    """``s_i = row_i . xi`` with per-datum rows as the model's ``data_inputs``, 40 data in 4 blocks."""
-    rng = np.random.default_rng(3)
-    n_lat, n = 6, 40
-    rows = rng.normal(size=(n, n_lat))
-    std = 0.3 + 0.2 * rng.random(n)
-    d = rows @ rng.normal(size=n_lat) + std * rng.normal(size=n)
-    domain = {"x": jax.ShapeDtypeStruct((n_lat,), jnp.float64)}
-    model = sv.Model(lambda xi, inp: inp["row"] @ xi["x"], domain, data_inputs={"row": rows})
-    lh = sv.Gaussian(d, noise_std=std).amend(model, data_blocks=4)
-    prec = np.eye(n_lat) + rows.T @ (rows / std[:, None] ** 2)
-    D = np.linalg.inv(prec)
-    return lh, D, D @ (rows.T @ (d / std**2))
+    return linear_blocked_problem()
 
 
 def test_blocked_data_mean_and_samples_are_exact(blocked_problem):
