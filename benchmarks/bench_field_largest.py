@@ -205,7 +205,7 @@ def main(argv=None):
     )
     print(C.markdown_table(header, table, "llrrrlrrr"))
     if args.json:
-        C.write_json(args.json, dict(meta=C.machine_meta() | {k: v for k, v in vars(args).items()}, rows=rows))
+        C.write_json(args.json, dict(meta=C.machine_meta() | vars(args), rows=rows))
     return 0
 
 

@@ -90,7 +90,7 @@ def _largest_search():
     ],
     ids=["linear", "over", "under"],
 )
-def test_bench_field_largest_search(peak, capsys):
+def test_bench_field_largest_search(peak):
     """The largest-grid search (fit, verify, step down or grow) ends within the budget, near the true largest grid
     (a multiple of the blocks, within the half-step growth tolerance)."""
     L = _largest_search()
