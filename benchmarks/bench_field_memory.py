@@ -13,8 +13,9 @@ into slabs of grid rows, each process holding ``N / P`` of the ``N`` rows
 transpose). Problem: a log-normal field ``exp(f)``, ``f`` a 2-D correlated
 field on ``--npix``\\ ² pixels, observed at every pixel with Gaussian noise;
 ``--pairs`` antithetic pairs, ``--iterations`` MGVI iterations with fixed
-work (sampling CG and KL Newton-CG iteration counts). Every process builds
-the same data from the same seed (the data are one grid-sized array).
+work (sampling CG and KL Newton-CG iteration counts). Each process builds
+only its rows of the data and of the start position's excitations
+(``sv.parallel.field_array``; every row's noise from its own seed).
 
 Per process: ``base`` the resident memory of the idle JAX runtime (after
 ``jax.distributed`` and one small computation, before the problem), ``peak``
@@ -54,16 +55,13 @@ def _exp_field(cf, xi):
     return jnp.exp(cf(xi))
 
 
-def _data(np, npix, seed, sigma):
-    """A smooth positive image plus white noise (built row block by row block: few grid-sized temporaries)."""
-    rng = np.random.default_rng(seed)
+def _data_rows(np, npix, seed, sigma, rows):
+    """The rows ``rows`` of a smooth positive image plus white noise (each row's noise from its own seed: any
+    process builds any rows alike, without the others)."""
     x = np.linspace(0.0, 2 * np.pi, npix, endpoint=False)
-    d = np.empty((npix, npix))
-    step = max(1, npix // 16)
-    for i in range(0, npix, step):
-        rows = slice(i, i + step)
-        d[rows] = 1.0 + 0.5 * np.sin(x[rows, None] * 3) * np.cos(x[None, :] * 2)
-        d[rows] += sigma * rng.normal(size=d[rows].shape)
+    d = 1.0 + 0.5 * np.sin(x[rows, None] * 3) * np.cos(x[None, :] * 2)
+    for j, r in enumerate(range(rows.start, rows.stop)):
+        d[j] += sigma * np.random.default_rng([seed, r]).normal(size=npix)
     return d
 
 
@@ -91,14 +89,22 @@ def child(args):
     base = C.current_rss_mib()
     cf = _field(sv, jnp, args.npix)
     model = sv.Model(Partial(_exp_field, cf), cf.domain)
-    data = _data(np, args.npix, args.seed, args.noise)
+    strategy = sv.parallel.ShardMap(devices=jax.devices(), model_shards=args.nproc)
+    # the data and the start position's excitations split by rows: each process builds only its rows
+    grid = (args.npix, args.npix)
+    data = sv.parallel.field_array(strategy, grid, lambda rows: _data_rows(np, args.npix, args.seed, args.noise, rows))
     lh = sv.Gaussian(data, noise_std=args.noise).amend(model, field_blocks=args.blocks)
     del data
-    strategy = sv.parallel.ShardMap(devices=jax.devices(), model_shards=args.nproc)
     lin = sv.CGConfig(tol=None, maxiter=args.cg_iters)
     inner = sv.CGConfig(tol=None, maxiter=args.cg_iters)
     kl = sv.NewtonCGConfig(xtol=None, maxiter=args.newton_iters, cg=inner)
-    pos0 = jax.tree.map(lambda d: jnp.zeros(d.shape, d.dtype), cf.domain)
+
+    def zeros(d):
+        if tuple(d.shape) == grid:
+            return sv.parallel.field_array(strategy, grid, lambda rows: np.zeros((rows.stop - rows.start, args.npix)))
+        return jnp.zeros(d.shape, d.dtype)
+
+    pos0 = jax.tree.map(zeros, cf.domain)
     times = []
     t0 = [time.perf_counter()]
 

@@ -5,7 +5,9 @@
 Joins a 2-process JAX runtime on 127.0.0.1 with 2 CPU devices per process,
 runs a short reconstruction with ``STRATEGY`` over all 4 global devices and
 (process 0) saves samples, position and KL energies; with ``shard_map`` also a
-model-parallel run (``model_shards=2``, the data blocks split over the processes).
+model-parallel run (``model_shards=2``, the data blocks split over the processes)
+and a field-parallel one (the grid rows of the data and the field split over the
+processes, each process building only its rows).
 """
 
 import os
@@ -46,7 +48,50 @@ def main(port: int, process_id: int, out: str, strategy: str) -> None:
         got, kl, _ = run_layout(blocked, pos, mp)
         if process_id == 0:
             np.savez(out.replace(".npz", "_model.npz"), *[np.asarray(a) for a in got], kl=np.asarray(kl))
+        field_split_run(mp, process_id, out.replace(".npz", "_field.npz"))
     sv.parallel.shutdown_distributed()
+
+
+def field_split_run(mp, process_id: int, out: str) -> None:
+    """Field parallelism over the two processes: the data, the noise and the start's excitations split by rows
+    (``sv.parallel.field_array``: each process builds only its rows); saves the run's arrays, gathered whole."""
+    import jax
+    import numpy as np
+    from _model_parallel_problem import run_layout
+    from jax.experimental import multihost_utils
+    from test_field_split import problem
+
+    import shardvi as sv
+
+    model, d, std, pos = problem()
+    rows = sv.parallel.process_rows(mp, d.shape)
+    assert rows == slice(4 * process_id, 4 * process_id + 4), rows  # the model axis runs across the processes
+
+    def split(a):
+        return sv.parallel.field_array(mp, a.shape, lambda r: np.asarray(a)[r])
+
+    lh = sv.Gaussian(split(d), noise_std=split(std)).amend(model, field_blocks=4)
+    data = lh.likelihood.data
+    assert not data.is_fully_addressable and {s.data.shape for s in data.addressable_shards} == {(4, 8)}
+    start = jax.tree.map(lambda x: split(x) if x.shape == d.shape else x, pos)
+    # the other pixel-wise likelihoods take split data too (checked alike on every process, kept split)
+    counts, dof = split(np.round(np.abs(d) * 10)), split(np.full(d.shape, 4.0))
+    assert not sv.Poisson(counts).counts.is_fully_addressable
+    t = sv.StudentT(split(d), dof=dof, noise_std=split(std))
+    expect = np.sqrt(5.0 / 7.0) / np.asarray(std)
+    assert np.array_equal(multihost_utils.process_allgather(t.fisher_sqrt, tiled=True), expect)
+    try:  # a one-device strategy cannot hold arrays split over processes
+        sv.optimize_kl(
+            lh, start, key=jax.random.PRNGKey(0), n_total_iterations=1, n_samples=1, sample_map="vmap", progress=False
+        )
+    except ValueError as err:
+        assert "split over processes" in str(err), err
+    else:
+        raise AssertionError("Vmap with arrays split over processes did not raise")
+    got, kl, _ = run_layout(lh, start, mp)
+    whole = [np.asarray(multihost_utils.process_allgather(a, tiled=True)) for a in got]
+    if process_id == 0:
+        np.savez(out, *whole, kl=np.asarray(kl))
 
 
 if __name__ == "__main__":

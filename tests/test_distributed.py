@@ -76,6 +76,15 @@ def test_two_processes_bitwise_equal_to_one_process(tmp_path, strategy):
     assert list(got["kl"]) == ref_kl
     for i, b in enumerate(ref_arrays):
         assert np.array_equal(got[f"arr_{i}"], np.asarray(b)), f"model-parallel array {i} differs"
+    # field parallelism over the two processes, data and start built per process (sv.parallel.field_array):
+    # bitwise the one-device run of the same problem
+    from test_field_split import one_device
+
+    ref_arrays, ref_kl = one_device("grid")
+    got = np.load(out.replace(".npz", "_field.npz"))
+    assert list(got["kl"]) == [ref_kl]
+    for i, b in enumerate(ref_arrays):
+        assert np.array_equal(got[f"arr_{i}"], np.asarray(b)), f"field-parallel array {i} differs"
 
 
 @pytest.mark.parametrize(

@@ -377,7 +377,8 @@ class CorrelatedField(Model):
         azm = self.zero_mode_std(xi)
         log_a = 0.5 * (self.amplitudes[0].log_power(xi, self.dtype) - math.log(g.total_volume))
         table = jnp.concatenate([azm[None], jnp.exp(log_a)])  # c per |k| bin: azm * ahat
-        c = take(table, local_rows(jnp.asarray(g.power_index), layout), layout)
+        index = jnp.asarray(g.power_index)  # whole, or the device's rows (split like the data by the strategy)
+        c = take(table, index if index.shape[0] != g.shape[0] else local_rows(index, layout), layout)
         return self.offset_mean + layout_hartley(c * slab.value, layout)
 
     def __repr__(self):

@@ -12,7 +12,9 @@ In the default reproducible mode every strategy gives bitwise identical
 results for any device count (the contract is in :class:`Strategy`'s
 docstring; see also :mod:`shardvi.parallel.reproducible`). Also:
 :func:`collectives` (count all-reduce / all-gather ops in compiled HLO) and
-:func:`initialize_distributed` (multi-process runs), :func:`slab_fftn` /
+:func:`initialize_distributed` (multi-process runs), :func:`field_array` /
+:func:`process_rows` (grid-shaped data and start positions each process builds
+only its rows of), :func:`slab_fftn` /
 :func:`slab_hartley` (FFTs of a grid split into slabs over a mesh axis), and
 :class:`GridLayout` / :class:`Slab` (a grid cut into fixed blocks over the
 model axis: sums, tables and draws that are bitwise the same on any layout,
@@ -21,6 +23,7 @@ model axis: sums, tables and draws that are bitwise the same on any layout,
 
 from .collectives import CollectiveCounts, collectives, count_collectives
 from .distributed import initialize_distributed, is_distributed, shutdown_distributed
+from .field_arrays import field_array, process_rows
 from .grid import GridLayout, Slab
 from .jit_sharding import JitSharding
 from .lax_map import LaxMap
@@ -75,6 +78,7 @@ __all__ = [
     "collectives",
     "engine_compiler_options",
     "count_collectives",
+    "field_array",
     "fixed_order_mean",
     "get_strategy",
     "initialize_distributed",
@@ -82,6 +86,7 @@ __all__ = [
     "map_mean",
     "opaque_constants",
     "place",
+    "process_rows",
     "register_strategy",
     "replicated",
     "reproducible_jit",

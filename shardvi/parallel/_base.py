@@ -56,7 +56,13 @@ class SingleDevice(Strategy):
         return (_local_device(),)
 
     def place(self, tree):
-        """Commit inputs to the first local device."""
+        """Commit inputs to the first local device (``ValueError`` for arrays split over processes)."""
+        if any(isinstance(x, jax.Array) and not x.is_fully_addressable for x in jtu.tree_leaves(tree)):
+            raise ValueError(
+                f"the inputs hold arrays split over processes (sv.parallel.field_array), but {type(self).__name__} "
+                "computes on one device of this process: use ShardMap or JitSharding with the field split "
+                "(model_shards > 1, the likelihood amended with field_blocks) and that strategy's arrays"
+            )
         return jax.device_put(tree, _local_device())
 
     def accept_devices(self, devices, argname="sample_map"):

@@ -12,20 +12,52 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
 
-__all__ = ["finite_data", "positive_like", "to_device", "domain_of"]
+__all__ = ["finite_data", "positive_like", "to_device", "domain_of", "is_global", "all_true"]
+
+
+def is_global(x) -> bool:
+    """Whether ``x`` is an array split over processes (:func:`shardvi.parallel.field_array`): not all of its
+    values are on this process, so it is checked with compiled JAX reductions every process runs alike."""
+    return isinstance(x, jax.Array) and not x.is_fully_addressable
+
+
+def all_true(predicate, x) -> bool:
+    """``bool(all(predicate(x)))`` on the host; for an array split over processes, compiled (the same answer on
+    every process). ``predicate`` must work on NumPy and JAX arrays alike (e.g. ``lambda a: a >= 0``)."""
+    if is_global(x):
+        return bool(jax.jit(lambda a: jnp.all(predicate(a)))(x))
+    return bool(np.all(predicate(np.asarray(x))))
+
+
+def _global_finite_data(leaf, argname: str, where: str):
+    """:func:`finite_data` of one leaf split over processes (kept split; integers become floats)."""
+    if not jnp.issubdtype(leaf.dtype, jnp.number):
+        raise TypeError(f"{argname} must be numeric, got dtype {leaf.dtype}")
+    if leaf.size == 0:
+        raise ValueError(f"{argname}{where} is empty (shape {leaf.shape}): every data array needs at least one entry")
+    if not jnp.issubdtype(leaf.dtype, jnp.inexact):
+        leaf = jax.jit(lambda a: a.astype(jnp.result_type(float)))(leaf)
+    n_bad = int(jax.jit(lambda a: jnp.sum(~jnp.isfinite(a)))(leaf))
+    if n_bad:
+        raise ValueError(f"{argname} contains {n_bad} non-finite value(s) (nan or inf)")
+    return leaf
 
 
 def finite_data(data, argname: str = "data"):
     """Convert leaves to arrays and reject empty, non-finite or non-numeric entries.
 
     Checked on the host; a NumPy leaf is copied to the device once (``jax.device_put``: no staging copy
-    beside it), a JAX array leaf is kept.
+    beside it), a JAX array leaf is kept. A leaf split over processes
+    (:func:`shardvi.parallel.field_array`) is checked by compiled reductions and stays split.
     """
     leaves, treedef = jtu.tree_flatten(data)
     if not leaves:
         raise ValueError(f"{argname} must be a non-empty array or pytree of arrays")
     out = []
     for i, leaf in enumerate(leaves):
+        if is_global(leaf):
+            out.append(_global_finite_data(leaf, argname, "" if len(leaves) == 1 else f" leaf {i}"))
+            continue
         try:
             host = np.asarray(leaf)
         except (TypeError, ValueError) as err:
@@ -82,10 +114,17 @@ def positive_like(value, data, argname: str, *, inverse_square: bool = False, ke
     standard deviation), ``1 / value**2`` must be finite and non-zero in that
     dtype too. With ``keep_scalars`` a scalar stays a 0-d array (validated
     against the data leaf, not broadcast: no data-sized copy).
+
+    For a data leaf split over processes (:func:`shardvi.parallel.field_array`) the
+    value is a scalar (host) or an array split like it; the broadcast and converted
+    values are split like the data leaf (each process holds its part only).
     """
     d_leaves, treedef = jtu.tree_flatten(data)
     out = []
     for v, d in zip(_per_leaf(value, treedef, argname), d_leaves):
+        if is_global(v):
+            out.append(_global_positive(v, d, argname, inverse_square))
+            continue
         if v is None or isinstance(v, bool):
             raise TypeError(f"{argname} must be a positive number or array, got {v!r}")
         try:
@@ -118,8 +157,31 @@ def positive_like(value, data, argname: str, *, inverse_square: bool = False, ke
             raise ValueError(
                 f"{argname} has shape {host.shape}, which does not broadcast to the data shape {d.shape}"
             ) from err
+        if is_global(d):  # split like the data: each process makes its part of the broadcast
+            host = jax.make_array_from_callback(d.shape, d.sharding, lambda index, h=host: np.asarray(h[index]))
         out.append(host)
     return jtu.tree_unflatten(treedef, out)
+
+
+def _global_positive(v, d, argname: str, inverse_square: bool):
+    """:func:`positive_like` of an array ``v`` split over processes: the data leaf's shape and split."""
+    if not is_global(d) or v.shape != d.shape or v.sharding != d.sharding:
+        raise ValueError(
+            f"{argname} is an array split over processes (shape {v.shape}): it must have the data's shape "
+            f"{d.shape} and be split like the data (sv.parallel.field_array with the same strategy)"
+        )
+    if not (jnp.issubdtype(v.dtype, jnp.integer) or jnp.issubdtype(v.dtype, jnp.floating)):
+        raise TypeError(f"{argname} must be a real number or array, got dtype {v.dtype}")
+    dtype = jnp.finfo(d.dtype).dtype
+    v = jax.jit(lambda a: a.astype(dtype))(v)
+    if not all_true(lambda a: (a > 0) & (a < np.inf), v):
+        raise ValueError(f"{argname} must be strictly positive and finite everywhere (in {np.dtype(dtype).name})")
+    if inverse_square and not all_true(lambda a: ((1 / a) ** 2 > 0) & ((1 / a) ** 2 < np.inf), v):
+        raise ValueError(
+            f"{argname} is so small (or so large) that 1/{argname}**2 overflows (or underflows to 0) in "
+            f"{np.dtype(dtype).name}"
+        )
+    return v
 
 
 def _check_inverse_square(host, argname: str) -> None:
@@ -142,8 +204,8 @@ def _check_inverse_square(host, argname: str) -> None:
 
 
 def to_device(tree):
-    """NumPy leaves as JAX arrays (one transfer each, no compilation, no staging copy)."""
-    return jtu.tree_map(jax.device_put, tree)
+    """NumPy leaves as JAX arrays (one transfer each, no compilation, no staging copy); JAX arrays kept."""
+    return jtu.tree_map(lambda x: x if isinstance(x, jax.Array) else jax.device_put(x), tree)
 
 
 def domain_of(data):

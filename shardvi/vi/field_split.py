@@ -45,6 +45,7 @@ from jax import tree_util as jtu
 from jax.sharding import PartitionSpec as P
 
 from .. import tree_math as tm
+from ..models.harmonic import RegularGrid
 from ..models.responses import UNOBSERVED, pixel_responses_recorded, pixels_on_grid
 from ..parallel.blocks import MODEL_AXIS, current_model_axis
 from ..parallel.grid import (
@@ -133,6 +134,9 @@ class FieldSplitLikelihood(AmendedLikelihood):
         self.data_split = tuple(np.ndim(a) >= 1 and np.shape(a)[0] == rows for a in jtu.tree_leaves(likelihood))
         # static: which latent leaves are split with the data (those with a data grid's shape)
         self.latent_split = jtu.tree_map(lambda d: tuple(d.shape) in grid, model.domain)
+        # static: which of the model's leaves hold the grid's rows and are read row by row (a correlated
+        # field's power index): split over a model axis like the data (no whole copy on every device)
+        self.model_split = _row_local_model_leaves(model, grid)
 
     def layout(self) -> GridLayout:
         """The layout being traced under: the strategy's model axis, or all blocks local."""
@@ -151,12 +155,13 @@ class FieldSplitLikelihood(AmendedLikelihood):
         return GridLayout(self.n_blocks, axis.name, axis.size)
 
     def partition_specs(self, axis: str):
-        """A ``PartitionSpec`` per leaf: ``P(axis)`` for the data's grid rows and the observed pixels, else ``P()``."""
-        flags = iter(self.data_split)
+        """A ``PartitionSpec`` per leaf: ``P(axis)`` for the data's grid rows, the observed pixels and the
+        model's row-local grid leaves (a correlated field's power index), else ``P()``."""
+        flags = {"likelihood": iter(self.data_split), "model": iter(self.model_split)}
         flat = []
         for path, _ in jtu.tree_flatten_with_path(self)[0]:
             name = path[0].name if isinstance(path[0], jtu.GetAttrKey) else None
-            split = next(flags) if name == "likelihood" else name == "observed"
+            split = next(flags[name]) if name in flags else name == "observed"
             flat.append(P(axis) if split else P())
         return jtu.tree_unflatten(jtu.tree_structure(self), flat)
 
@@ -231,7 +236,7 @@ class _DeviceView(AmendedLikelihood):
         # the device's rows of the observed pixels (data of a Mask / Sampling), None: every pixel
         self.observed = None if parent.observed is None else self._rows(parent.observed)
         out_shapes = tuple((rows,) + tuple(d.shape[1:]) for d in jtu.tree_leaves(parent.likelihood.domain))
-        self.model = functools.partial(_slab_model, parent.model, layout, self.observed, out_shapes)
+        self.model = functools.partial(_slab_model, parent.model, layout, self.observed, out_shapes, parent.model_split)
         self.domain = jtu.tree_map(lambda d, s: split_sds(d) if s else d, parent.domain, parent.latent_split)
         lsm = parent.likelihood.lsm_tangents_shape
         self.lsm_tangents_shape = None if lsm is None else jtu.tree_map(split_sds, lsm)
@@ -325,12 +330,13 @@ def block_energy(likelihood: Likelihood, s, layout: GridLayout, observed=None):
     return block_total(block_map(one, layout, *slabs), layout)
 
 
-def _slab_model(model, layout: GridLayout, observed, out_shapes, xi):
+def _slab_model(model, layout: GridLayout, observed, out_shapes, model_split, xi):
     """The model on a latent with ``Slab`` leaves, its (pixel-wise) output as slabs.
 
     With ``observed`` (the device's rows of the observed pixels) the model's Mask / Sampling returns
     its input on the grid (:func:`~shardvi.models.responses.pixels_on_grid`). ``out_shapes``:
-    the device's rows of the data grid, per output leaf. A model whose output on the device's
+    the device's rows of the data grid, per output leaf; ``model_split``: which of the model's
+    leaves may hold the device's rows only (:func:`_row_local_model_leaves`). A model whose output on the device's
     rows has other shapes (or that fails there) needs the whole field: under a model axis that
     allows it (``JitSharding``) it is evaluated on the whole field, gathered on every device of
     the axis (:func:`_whole_model`); else ``ValueError``.
@@ -356,7 +362,8 @@ def _slab_model(model, layout: GridLayout, observed, out_shapes, xi):
             UserWarning,
             stacklevel=2,
         )
-        return _whole_model(model, layout, observed, out_shapes, xi)
+        whole_model = _gathered_leaves(model, model_split, layout, out_shapes[0][0])
+        return _whole_model(whole_model, layout, observed, out_shapes, xi)
     raise ValueError(_whole_field_message(layout, out_shapes, failure[1])) from failure[0]
 
 
@@ -388,6 +395,28 @@ def _whole_model(model, layout: GridLayout, observed, out_shapes, xi):
             f"grid's {list(grid)}"
         )
     return jtu.tree_map(lambda o: Slab(local_rows(o, layout), layout), out)
+
+
+def _row_local_model_leaves(model, grid_shapes) -> tuple:
+    """Per leaf of ``model``: whether it is the power index of a :class:`~shardvi.models.harmonic.RegularGrid`
+    of one of the data grid's shapes (read row by row by the correlated field's slab path, which takes it
+    whole or as the device's rows). Other grid-shaped leaves stay whole: how the model reads them is unknown."""
+    is_grid = lambda n: isinstance(n, RegularGrid)  # noqa: E731
+    grids = [g for g in jtu.tree_leaves(model, is_leaf=is_grid) if is_grid(g)]
+    index = {id(g.power_index) for g in grids if g.shape in grid_shapes}
+    return tuple(id(leaf) in index for leaf in jtu.tree_leaves(model))
+
+
+def _gathered_leaves(model, model_split, layout: GridLayout, local_rows_n: int):
+    """``model`` with its split leaves that hold the device's ``local_rows_n`` rows only (split by the
+    strategy's in-specs) gathered whole over the model axis; whole ones kept."""
+    leaves, treedef = jtu.tree_flatten(model)
+    if layout.shards == 1:
+        return model
+    return jtu.tree_unflatten(
+        treedef,
+        [gather_rows(x, layout) if s and x.shape[0] == local_rows_n else x for x, s in zip(leaves, model_split)],
+    )
 
 
 def _whole_field_message(layout: GridLayout, out_shapes, what: str) -> str:
@@ -449,6 +478,12 @@ def _likelihood_on_grid(likelihood: Likelihood, flat, grid_shape):
             raise ValueError(
                 f"field_blocks with the data of a Mask / Sampling: the likelihood's array of shape {np.shape(x)} "
                 f"is neither per datum {data_shape} nor a scalar"
+            )
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            raise ValueError(
+                "field_blocks with the data of a Mask / Sampling: the data are split over processes "
+                "(sv.parallel.field_array), but the data of a Mask / Sampling are scattered onto the grid on "
+                "every process: give them whole (only data on the grid, one value per pixel, can be split)"
             )
         x = np.asarray(x)
         g = np.full(math.prod(grid_shape), UNOBSERVED, x.dtype)

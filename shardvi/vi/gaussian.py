@@ -8,7 +8,7 @@ import numpy as np
 from jax import tree_util as jtu
 
 from .. import tree_math as tm
-from ._checks import domain_of, finite_data, positive_like, to_device
+from ._checks import domain_of, finite_data, is_global, positive_like, to_device
 from .likelihood import Likelihood
 
 __all__ = ["Gaussian"]
@@ -125,5 +125,6 @@ def _scaled(r, w, twice: bool = False):
 
 
 def _at_data_shapes(noise, data):
-    """``noise`` leaves broadcast (NumPy views) to the shapes of the ``data`` leaves."""
-    return jtu.tree_map(lambda w, d: np.broadcast_to(np.asarray(w), np.shape(d)), noise, data)
+    """``noise`` leaves broadcast (NumPy views) to the shapes of the ``data`` leaves (an array split over
+    processes has them already: kept)."""
+    return jtu.tree_map(lambda w, d: w if is_global(w) else np.broadcast_to(np.asarray(w), np.shape(d)), noise, data)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
 from jax import tree_util as jtu
 
-from ._checks import domain_of, finite_data
+from ._checks import all_true, domain_of, finite_data
 from .likelihood import Likelihood
 
 __all__ = ["Poisson"]
@@ -31,7 +30,7 @@ class Poisson(Likelihood):
         d = finite_data(counts, "counts")
         if any(jnp.iscomplexobj(x) for x in jtu.tree_leaves(d)):
             raise TypeError("counts must be real")
-        if not all(bool(np.all(np.asarray(x) >= 0)) for x in jtu.tree_leaves(d)):
+        if not all(all_true(lambda a: a >= 0, x) for x in jtu.tree_leaves(d)):
             raise ValueError("counts must be non-negative")
         self.counts = d
         self.set_domain(domain_of(d))

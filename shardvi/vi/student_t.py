@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
 
-from ._checks import domain_of, finite_data, positive_like, to_device
+from ._checks import domain_of, finite_data, is_global, positive_like, to_device
 from .likelihood import Likelihood
 
 __all__ = ["StudentT"]
@@ -43,8 +43,11 @@ class StudentT(Likelihood):
         sig_host = positive_like(noise_std, d, "noise_std", inverse_square=True)
         self.data = d
         self.dof, self.noise_std = to_device(nu_host), to_device(sig_host)
-        # in NumPy, like the checks (no eager XLA programs); sqrt and division are correctly rounded in both
-        self.fisher_sqrt = to_device(jtu.tree_map(lambda n, s: np.sqrt((n + 1) / (n + 3)) / s, nu_host, sig_host))
+        # in NumPy, like the checks (no eager XLA programs; JAX for arrays split over processes): sqrt and
+        # division are correctly rounded in both
+        self.fisher_sqrt = to_device(
+            jtu.tree_map(lambda n, s: (jnp if is_global(s) else np).sqrt((n + 1) / (n + 3)) / s, nu_host, sig_host)
+        )
         self.set_domain(domain_of(d))
 
     def energy(self, s):

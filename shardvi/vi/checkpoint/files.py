@@ -9,6 +9,7 @@ import re
 import socket
 import tempfile
 
+import jax
 import numpy as np
 from jax import tree_util as jtu
 
@@ -96,6 +97,15 @@ def _sha256(path: str) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _on_host(x) -> np.ndarray:
+    """``x`` as a NumPy array; an array split over processes (a field split's rows) gathered from all of them."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
 
 
 def _structure(pos) -> dict:

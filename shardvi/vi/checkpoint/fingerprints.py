@@ -9,7 +9,7 @@ import jax
 import numpy as np
 from jax import tree_util as jtu
 
-from .files import _structure
+from .files import _on_host, _structure
 
 __all__ = ["fingerprint"]
 
@@ -20,7 +20,7 @@ def _leaf_record(path: str, x) -> list:
     """``[path, shape, dtype, sha256]``; ``sha256`` of the bytes, ``None`` for a shape-only leaf."""
     if isinstance(x, jax.ShapeDtypeStruct):
         return [path, list(x.shape), str(np.dtype(x.dtype)), None]
-    a = np.asarray(x)
+    a = _on_host(x)  # an array split over processes: the same bytes (and hash) as the whole one
     h = hashlib.sha256(json.dumps([list(a.shape), str(a.dtype)]).encode() + b"\0")
     # the C-order bytes, a few MiB at a time (a broadcast view is never copied whole)
     rows = a.reshape(1, *a.shape) if a.ndim == 0 else a

@@ -8,7 +8,6 @@ import logging
 import os
 import warnings
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
@@ -16,7 +15,7 @@ from jax import tree_util as jtu
 from ..diagnostics import IterationReport
 from ..samples import Samples
 from ..state import OptimizeVIState
-from .files import _INDEX, FORMAT, CheckpointError, _atomic_write, _sha256, _structure, check_path
+from .files import _INDEX, FORMAT, CheckpointError, _atomic_write, _on_host, _sha256, _structure, check_path
 from .fingerprints import _fingerprint_differences
 from .index import _owned_files, _read_index
 from .lock import checkpoint_lock
@@ -26,15 +25,6 @@ __all__ = ["save_checkpoint", "load_checkpoint", "has_checkpoint"]
 logger = logging.getLogger("shardvi")
 
 _KEEP = 2
-
-
-def _on_host(x) -> np.ndarray:
-    """``x`` as a NumPy array; an array split over processes (a field split's rows) gathered from all of them."""
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(x)
 
 
 def save_checkpoint(directory, samples: Samples, state, *, fingerprint: dict | None = None) -> str:

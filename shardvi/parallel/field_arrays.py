@@ -1,0 +1,151 @@
+"""Grid-shaped arrays split by rows over a strategy's model axis, each process building only its own rows.
+
+Field parallelism over processes (:func:`~shardvi.parallel.initialize_distributed`,
+``ShardMap`` or ``JitSharding`` with ``model_shards = k``) splits the grid's
+rows over the model axis: each process computes on ``N0 / k`` rows per device.
+Data and a start position given as whole arrays would still be whole on every
+process (one grid-sized copy each). :func:`field_array` builds such an array
+as one global ``jax.Array`` of which every process creates only the rows its
+devices hold (``fill`` is called with those rows), and :func:`process_rows` says
+which rows they are. The likelihoods (``sv.Gaussian``, ``sv.Poisson``, ...)
+take such arrays as data, and :func:`shardvi.optimize_kl` takes them in the
+start position; the run is bitwise the one with whole arrays.
+
+>>> strategy = sv.parallel.ShardMap(model_shards=jax.process_count())
+>>> d = sv.parallel.field_array(strategy, (n, n), lambda rows: load_rows(rows.start, rows.stop))
+>>> lh = sv.Gaussian(d, noise_std=0.1).amend(model, field_blocks=8)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from .mesh import MODEL_AXIS
+
+__all__ = ["field_array", "process_rows"]
+
+
+def _shape(shape) -> tuple[int, ...]:
+    try:
+        out = tuple(shape)
+    except TypeError:
+        raise TypeError(f"shape must be a tuple of ints, got {shape!r}") from None
+    if not out or not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 1 for n in out):
+        raise ValueError(f"shape must be a non-empty tuple of positive ints (grid rows first), got {shape!r}")
+    return tuple(int(n) for n in out)
+
+
+def _model_shards(strategy) -> int:
+    from .strategy import Strategy
+
+    if not isinstance(strategy, Strategy):
+        raise TypeError(f"strategy must be a shardvi.parallel strategy object, got {type(strategy).__name__}")
+    return int(getattr(strategy, "model_shards", 1))
+
+
+def _split_sharding(strategy, shape) -> NamedSharding:
+    k = _model_shards(strategy)
+    if shape[0] % k:
+        raise ValueError(f"model_shards={k} does not divide the grid's {shape[0]} rows (shape[0] of {shape})")
+    return NamedSharding(strategy.mesh, P(MODEL_AXIS))
+
+
+def _row_span(index, shape) -> tuple[int, int]:
+    """``(start, stop)`` of the rows of a device's index (a tuple of slices, ``None`` for the whole array)."""
+    rows = slice(None) if index is None else index[0]
+    return rows.start or 0, shape[0] if rows.stop is None else rows.stop
+
+
+def process_rows(strategy, shape) -> slice:
+    """The grid rows this process's devices hold along ``strategy``'s model axis (one contiguous range).
+
+    Parameters
+    ----------
+    strategy : shardvi.parallel.Strategy
+        The run's strategy. Without a model axis (``model_shards = 1``, or a
+        one-device strategy) every process holds all rows.
+    shape : tuple of int
+        The whole grid-shaped array's shape, rows first.
+
+    Returns
+    -------
+    slice
+        ``slice(start, stop)`` of the rows (axis 0).
+    """
+    shape = _shape(shape)
+    if _model_shards(strategy) == 1:
+        return slice(0, shape[0])
+    index_map = _split_sharding(strategy, shape).addressable_devices_indices_map(shape)
+    spans = sorted({_row_span(ix, shape) for ix in index_map.values()})
+    start, stop = spans[0]
+    for a, b in spans[1:]:
+        if a != stop:
+            raise ValueError(
+                f"this process's devices hold the grid rows {spans} along the model axis, not one contiguous range: "
+                f"order the strategy's devices so that each process's devices are neighbours on the model axis"
+            )
+        stop = b
+    return slice(start, stop)
+
+
+def field_array(strategy, shape, fill: Callable[[slice], np.ndarray], dtype=None) -> jax.Array:
+    """A grid-shaped array split by rows over ``strategy``'s model axis, this process building only its rows.
+
+    Parameters
+    ----------
+    strategy : shardvi.parallel.Strategy
+        The strategy of the run (the one given to :func:`shardvi.optimize_kl`).
+        With ``model_shards = k > 1`` the result is a global array whose rows
+        are split over the model axis as the run splits them (replicated over
+        the sample axis); otherwise an ordinary whole array.
+    shape : tuple of int
+        The whole array's shape, grid rows first (``k`` must divide ``shape[0]``).
+    fill : callable
+        ``fill(rows) -> array`` of shape ``(rows.stop - rows.start,) + shape[1:]``:
+        the values of the rows ``rows`` (a ``slice`` of axis 0). Called once per
+        distinct row range of this process's devices (for the whole range with
+        ``model_shards = 1``).
+    dtype : dtype, optional
+        Cast the values to it (default: ``fill``'s dtype).
+
+    Returns
+    -------
+    jax.Array
+        Shape ``shape``. Use it as data of a pixel-wise likelihood amended with
+        ``field_blocks``, or as a grid leaf of the start position.
+    """
+    shape = _shape(shape)
+    if not callable(fill):
+        raise TypeError(f"fill must be callable(rows: slice) -> array, got {type(fill).__name__}")
+    want = None if dtype is None else np.dtype(dtype)
+    done: dict[tuple[int, int], np.ndarray] = {}
+
+    def rows_of(start: int, stop: int) -> np.ndarray:
+        if (start, stop) not in done:
+            try:
+                a = np.asarray(fill(slice(start, stop)), dtype=want)
+            except (TypeError, ValueError) as err:
+                raise TypeError(f"fill must return a numeric array for rows {start}:{stop}: {err}") from err
+            expect = (stop - start,) + shape[1:]
+            if a.shape != expect:
+                raise ValueError(f"fill returned shape {a.shape} for the rows {start}:{stop}, expected {expect}")
+            if not np.issubdtype(a.dtype, np.number):
+                raise TypeError(f"fill must return a numeric array, got dtype {a.dtype}")
+            canonical = jax.dtypes.canonicalize_dtype(a.dtype)
+            done[(start, stop)] = a if canonical == a.dtype else a.astype(canonical)
+        return done[(start, stop)]
+
+    if _model_shards(strategy) == 1:
+        return jnp.asarray(rows_of(0, shape[0]))
+    sharding = _split_sharding(strategy, shape)
+
+    def local(index):
+        return rows_of(*_row_span(index, shape))[(slice(None),) + tuple(index[1:])]
+
+    return jax.make_array_from_callback(shape, sharding, local)
