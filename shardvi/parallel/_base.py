@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from jax import tree_util as jtu
 from jax.sharding import NamedSharding
 
+from .._xla_flags import warn_if_unordered
 from .blocks import blocked_nodes, is_field_split, model_specs
 from .grid import MeshSlab, is_mesh_slab
 from .mesh import (
@@ -98,6 +99,7 @@ def _cached_mesh(devices: tuple):
 
 @functools.cache
 def _cached_model_mesh(devices: tuple, model_shards: int):
+    warn_if_unordered(devices, model_shards)
     return sample_model_mesh(devices, model_shards)
 
 
