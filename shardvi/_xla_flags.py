@@ -17,7 +17,8 @@ per-program compile option is ignored), so ``import shardvi`` adds
 unless ``XLA_FLAGS`` sets that option already (the user's choice is kept),
 ``SHARDVI_KEEP_XLA_FLAGS`` is set (non-empty), or JAX's backends have started.
 :data:`STATE` records which; a model-split strategy on several CPU devices of
-one process warns when the flag could not be set (:func:`warn_if_unordered`).
+one process warns when ``XLA_FLAGS`` does not name the option then
+(:func:`warn_if_unordered`).
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ def prefer_depth_first_schedule() -> str:
 
 def warn_if_unordered(devices, model_shards: int) -> None:
     """Warn (``RuntimeWarning``) when a mesh with a model axis puts several CPU devices of this process in one
-    row and the depth-first schedule is not known to be in effect (JAX started before ``import shardvi``)."""
-    if model_shards < 2 or STATE not in ("too_late", "opted_out"):
+    row and ``XLA_FLAGS`` does not name the schedule option (JAX started before ``import shardvi``,
+    ``SHARDVI_KEEP_XLA_FLAGS``, or ``XLA_FLAGS`` replaced after ``import shardvi``)."""
+    if model_shards < 2 or _NAME in os.environ.get("XLA_FLAGS", ""):
         return
     import jax
 
@@ -75,9 +77,9 @@ def warn_if_unordered(devices, model_shards: int) -> None:
         return
     warnings.warn(
         f"several CPU devices of this process share a model axis, and XLA:CPU's concurrency-optimized schedule is "
-        f"in effect (JAX's backend started before `import shardvi`, or SHARDVI_KEEP_XLA_FLAGS is set): their "
-        f"collectives can deadlock (XLA's rendezvous timeout). Import shardvi before any JAX computation, or set "
-        f"XLA_FLAGS={FLAG} before the process starts",
+        f"in effect (JAX's backend started before `import shardvi`, SHARDVI_KEEP_XLA_FLAGS is set, or XLA_FLAGS "
+        f"was replaced after `import shardvi`): their collectives can deadlock (XLA's rendezvous timeout). Import "
+        f"shardvi before any JAX computation, or add {FLAG} to XLA_FLAGS before the process starts",
         RuntimeWarning,
         stacklevel=3,
     )

@@ -22,6 +22,8 @@ if sys.argv[1] == "jax-first":
     jax.config.update("jax_num_cpu_devices", 2)
     jax.devices()
 import shardvi
+if sys.argv[1] == "replaced":
+    os.environ["XLA_FLAGS"] = "--xla_cpu_use_thunk_runtime=true"
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     import jax
@@ -65,6 +67,7 @@ def probe(order="shardvi-first", **env):
         ),
         ({"SHARDVI_KEEP_XLA_FLAGS": "1"}, "shardvi-first", None, "opted_out", True),
         ({}, "jax-first", None, "too_late", True),
+        ({}, "replaced", "--xla_cpu_use_thunk_runtime=true", "set", True),  # XLA_FLAGS replaced after the import
     ],
 )
 def test_the_flag_is_added_unless_the_user_chose_or_jax_started(env, order, flags, state, warns):
