@@ -52,11 +52,26 @@ def _real_dof(x) -> float:
     return 2.0 if jnp.iscomplexobj(x) else 1.0
 
 
+def _on_one_device(tree):
+    """Arrays spread over several devices of this process (a multi-device run's samples, rows split over a
+    model axis) copied onto one device: the eager diagnostics then run unpartitioned (XLA:CPU rejects an FFT
+    that GSPMD partitions op by op: ``fft_thunk`` RET_CHECK on its operand layout). Others are kept."""
+
+    def one(x):
+        if isinstance(x, jax.core.Tracer) or not isinstance(x, jax.Array):  # traced (in a compiled step): kept
+            return x
+        if x.is_fully_addressable and len(x.sharding.device_set) > 1:
+            return jax.device_put(x, jax.local_devices()[0])
+        return x
+
+    return jtu.tree_map(one, tree)
+
+
 def _normalized_residuals(samples: Samples, likelihood):
     """The likelihood's normalized residual of every sample (leading sample axis), or None if it has none."""
     if likelihood is None or not likelihood.has_normalized_residual:
         return None
-    return jax.vmap(likelihood.normalized_residual)(samples.samples)
+    return jax.vmap(likelihood.normalized_residual)(_on_one_device(samples.samples))
 
 
 def _leaf_stats(stacked):
@@ -85,7 +100,7 @@ def residual_stats(samples: Samples, likelihood=None):
     nres = _normalized_residuals(samples, likelihood)
     if nres is not None:
         out["likelihood"] = _flat(_leaf_stats(nres))
-    out["prior"] = _flat(_leaf_stats(samples.samples))
+    out["prior"] = _flat(_leaf_stats(_on_one_device(samples.samples)))
     return out
 
 
