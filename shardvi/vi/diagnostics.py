@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
