@@ -68,11 +68,12 @@ def _on_one_device(tree):
     return jtu.tree_map(one, tree)
 
 
-def _normalized_residuals(samples: Samples, likelihood):
-    """The likelihood's normalized residual of every sample (leading sample axis), or None if it has none."""
+def _normalized_residuals(stacked, likelihood):
+    """The likelihood's normalized residual of every sample of ``stacked`` (leading sample axis), or None if it
+    has none."""
     if likelihood is None or not likelihood.has_normalized_residual:
         return None
-    return jax.vmap(likelihood.normalized_residual)(_on_one_device(samples.samples))
+    return jax.vmap(likelihood.normalized_residual)(stacked)
 
 
 def _leaf_stats(stacked):
@@ -98,10 +99,11 @@ def residual_stats(samples: Samples, likelihood=None):
         (1 for a well-fit model), ``mean`` the average residual (bias).
     """
     out = {}
-    nres = _normalized_residuals(samples, likelihood)
+    stacked = _on_one_device(samples.samples)
+    nres = _normalized_residuals(stacked, likelihood)
     if nres is not None:
         out["likelihood"] = _flat(_leaf_stats(nres))
-    out["prior"] = _flat(_leaf_stats(_on_one_device(samples.samples)))
+    out["prior"] = _flat(_leaf_stats(stacked))
     return out
 
 
@@ -140,8 +142,9 @@ def chi2_sums(samples: Samples, likelihood=None):
             sum(int(np.prod(x.shape)) for x in leaves),
         )
 
-    nres = _normalized_residuals(samples, likelihood)
-    return (None if nres is None else pooled(nres)), pooled(samples.samples)
+    stacked = _on_one_device(samples.samples)
+    nres = _normalized_residuals(stacked, likelihood)
+    return (None if nres is None else pooled(nres)), pooled(stacked)
 
 
 def reduced_chi2(sums) -> float:
