@@ -28,7 +28,13 @@ from jax.sharding import PartitionSpec as P
 
 from .mesh import MODEL_AXIS
 
-__all__ = ["field_array", "process_rows"]
+__all__ = ["field_array", "process_rows", "is_global"]
+
+
+def is_global(x) -> bool:
+    """Whether ``x`` is an array split over processes (e.g. a :func:`field_array`): not all of its values are
+    on this process, so it is checked with compiled JAX reductions every process runs alike."""
+    return isinstance(x, jax.Array) and not x.is_fully_addressable
 
 
 def _shape(shape) -> tuple[int, ...]:

@@ -12,13 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
 
+from ..parallel.field_arrays import is_global
+
 __all__ = ["finite_data", "positive_like", "to_device", "domain_of", "is_global", "all_true"]
-
-
-def is_global(x) -> bool:
-    """Whether ``x`` is an array split over processes (:func:`shardvi.parallel.field_array`): not all of its
-    values are on this process, so it is checked with compiled JAX reductions every process runs alike."""
-    return isinstance(x, jax.Array) and not x.is_fully_addressable
 
 
 def all_true(predicate, x) -> bool:

@@ -48,6 +48,7 @@ from .. import tree_math as tm
 from ..models.harmonic import RegularGrid
 from ..models.responses import UNOBSERVED, pixel_responses_recorded, pixels_on_grid
 from ..parallel.blocks import MODEL_AXIS, current_model_axis
+from ..parallel.field_arrays import is_global
 from ..parallel.grid import (
     GridLayout,
     MeshSlab,
@@ -410,9 +411,9 @@ def _row_local_model_leaves(model, grid_shapes) -> tuple:
 def _gathered_leaves(model, model_split, layout: GridLayout, local_rows_n: int):
     """``model`` with its split leaves that hold the device's ``local_rows_n`` rows only (split by the
     strategy's in-specs) gathered whole over the model axis; whole ones kept."""
-    leaves, treedef = jtu.tree_flatten(model)
     if layout.shards == 1:
         return model
+    leaves, treedef = jtu.tree_flatten(model)
     return jtu.tree_unflatten(
         treedef,
         [gather_rows(x, layout) if s and x.shape[0] == local_rows_n else x for x, s in zip(leaves, model_split)],
@@ -479,7 +480,7 @@ def _likelihood_on_grid(likelihood: Likelihood, flat, grid_shape):
                 f"field_blocks with the data of a Mask / Sampling: the likelihood's array of shape {np.shape(x)} "
                 f"is neither per datum {data_shape} nor a scalar"
             )
-        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        if is_global(x):
             raise ValueError(
                 "field_blocks with the data of a Mask / Sampling: the data are split over processes "
                 "(sv.parallel.field_array), but the data of a Mask / Sampling are scattered onto the grid on "
