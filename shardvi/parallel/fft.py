@@ -15,9 +15,8 @@ each line on its own), so sample- and slab-parallel FFTs under ``jit`` give
 the one-device results bitwise.
 
 Outside a partitioned program (one device) it lowers to the plain FFT; inside
-a ``jax.shard_map`` (every mesh axis manual, or, in ``JitSharding``'s field
-split, the model axis manual and the samples GSPMD's, where XLA cannot run a
-custom rule) it is the plain FFT. It is linear with a
+a ``jax.shard_map`` (where XLA cannot run a custom rule: per device, also in
+``JitSharding``'s field split) it is the plain FFT. It is linear with a
 JVP, a transpose (the DFT matrix is symmetric: the transpose is the same
 FFT) and a batching rule, so ``grad``, ``jvp``, ``linear_transpose`` and
 ``vmap`` work as for ``jnp.fft.fftn``.
@@ -179,7 +178,7 @@ def fftn(x, axes: Sequence[int] | None = None):
     if Primitive is None:  # pragma: no cover - no custom partitioning in this jax: the plain FFT
         return jnp.fft.fftn(x, axes=axes)
     if jax.sharding.get_abstract_mesh().manual_axes:
-        # inside a shard_map: per device, or (JitSharding's field split) manual over the model axis only,
-        # where XLA's partitioner cannot run the custom rule; the plain FFT, the same bits
+        # inside a shard_map (also JitSharding's field split): XLA's partitioner cannot run the custom
+        # rule there; the plain FFT, the same bits
         return jnp.fft.fftn(x, axes=axes)
     return _fft_p.bind(x, axes=axes)

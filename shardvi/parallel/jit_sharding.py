@@ -96,10 +96,12 @@ class JitSharding(MultiDevice):
         a ``psum`` with ``reduce="psum"``). Bitwise equal to one device when
         ``model_shards`` divides ``data_blocks`` and the model has no FFT.
         A likelihood amended with ``field_blocks`` is split by grid rows:
-        the per-sample work runs in a ``shard_map`` manual over the model axis
-        only (each device its rows, as under
-        :class:`~shardvi.parallel.ShardMap`), GSPMD splitting the samples over
-        the other axis; bitwise equal to one device for ``model_shards``
+        inside the ``jax.jit`` the per-sample work runs in a ``shard_map``
+        over both mesh axes (each device its sample row's samples and its
+        grid rows, as under :class:`~shardvi.parallel.ShardMap`; its solvers
+        then stop on their own, not in lockstep), since XLA's partitioner
+        does not keep samples split through the slab transform's
+        ``all_to_all``; bitwise equal to one device for ``model_shards``
         dividing ``field_blocks``. A model that needs the whole field is then
         evaluated on the gathered field on every device of the model axis
         (with a warning) instead of raising. Default 1: data replicated.
@@ -144,44 +146,44 @@ class JitSharding(MultiDevice):
             return jitted(*flat)
 
     def _jit_rows(self, per_device_fn, in_axes, args, batch: int):
-        """``_jit`` for a field split over the model axis: the model axis manual, the samples GSPMD's.
+        """``_jit`` for a field split over the model axis: one ``shard_map`` over both mesh axes.
 
-        One ``jax.jit`` around a ``shard_map`` manual over the model axis only (the sample axis
-        stays automatic): inside it every device works on its rows of the grid as under
+        Inside a ``jax.jit`` whose in-shardings split the device axis over the sample axis and
+        the grid rows over the model axis, a ``shard_map`` manual over both axes hands each
+        device its sample row's samples and its grid rows, as under
         :class:`~shardvi.parallel.ShardMap` (``Slab`` latents, slab FFTs, block-order sums over
-        the model axis), while GSPMD splits the device batch, mapped with ``vmap(...,
-        spmd_axis_name=<sample axis>)``, over the sample axis. ``batch``: the sample axes in
-        front of the per-device function's outputs (1 for stacked samples, 0 for a sum).
-        Returns the outputs with ``Slab`` leaves as ``MeshSlab`` (rows split), the device axis
-        still in front.
+        the model axis). The sample axis is manual too: with it left to GSPMD (the model axis
+        manual only), XLA's partitioner gathered every sample row's samples around each
+        ``all_to_all`` of the slab transform and each block sum's ``all_gather`` (it keeps no
+        automatic split through a collective of a manual axis), so every device transformed all
+        of its row's samples (1.55-1.79x ``ShardMap``'s time at 2x2; BENCHMARKS.md). ``batch``:
+        the sample axes in front of the per-device function's outputs (1 for stacked samples, 0
+        for a sum). Returns the outputs with ``Slab`` leaves as ``MeshSlab`` (rows split), the
+        device axis still in front.
         """
         mesh, record = self.mesh, {}
         self.check_blocks(args)
-        batched = jax.vmap(per_device_fn, in_axes=tuple(in_axes), spmd_axis_name=SAMPLE_AXIS)
-        in_specs = tuple(model_specs(a) for a in args)  # the model axis only (manual); samples automatic
-        lead = (None,) * (batch + 1)  # the device axis and the per-device sample axes
+        batched = jax.vmap(per_device_fn, in_axes=tuple(in_axes))  # this device's part of the device axis
+        in_specs = tuple(model_specs(a, batch=SAMPLE_AXIS if ax == 0 else None) for a, ax in zip(args, in_axes))
 
         def body(*local):
-            # traced per device of the model axis; a model that needs the whole field gets it gathered
+            # traced per device; a model that needs the whole field gets it gathered over the model axis
             with model_axis(MODEL_AXIS, self.model_shards, self.reduce, whole_model=True):
                 return rows_out(batched(*local), record, batch + 1)
 
         flat, treedef = jtu.tree_flatten(tuple(args))
 
         def program(*leaves):
-            a = jtu.tree_unflatten(treedef, leaves)
             mapped = jax.shard_map(
                 body,
                 mesh=mesh,
                 in_specs=in_specs,
-                out_specs=P(*lead, MODEL_AXIS),
-                axis_names=frozenset({MODEL_AXIS}),
+                out_specs=P(SAMPLE_AXIS, *(None,) * batch, MODEL_AXIS),
                 check_vma=False,
             )
-            return rows_back(mapped(*a), record, mesh, batch + 1)
+            return rows_back(mapped(*jtu.tree_unflatten(treedef, leaves)), record, mesh, batch + 1)
 
-        specs = [model_specs(a, batch=SAMPLE_AXIS if ax == 0 else None) for a, ax in zip(args, in_axes)]
-        in_shardings = tuple(NamedSharding(mesh, s) for s in jtu.tree_leaves(specs, is_leaf=_is_spec))
+        in_shardings = tuple(NamedSharding(mesh, s) for s in jtu.tree_leaves(in_specs, is_leaf=_is_spec))
         return jax.jit(program, in_shardings=in_shardings)(*flat)
 
     def _warn_unpartitionable(self, fn, in_axes, args):
