@@ -397,25 +397,43 @@ def _blocks(x, layout: GridLayout):
 def _loop_blocks(fn: Callable, stacked: tuple):
     """``fn`` on entry ``b`` of every array in ``stacked`` (leading axis: the local blocks), stacked.
 
-    A ``scan`` (differentiable) over the blocks and one spare pass, which reads a copy of the
-    last block appended to each array and is dropped. The loop always has at least two passes,
-    so XLA never inlines it into (and fuses it with) the surrounding program, as it would a
-    loop of one pass on a device that holds one block; and each pass reads entry ``i`` of an
-    array with at least two entries, a read XLA can neither drop (a slice of a length-1 axis
-    is the whole array) nor prove the same in every pass (it would hoist the per-block
-    computation out of the loop). Every block is then computed by the same loop-body program
-    on any layout (XLA:CPU contracts a multiply and an add into an FMA where it fuses them, and
-    picks a dot's kernel by its context: the program decides the bits). Cost: one copy of the
-    arrays per loop.
+    A ``scan`` (differentiable) over the blocks and one spare pass, which is dropped. Each
+    array is read from a copy with its last row repeated (:func:`_rows_padded`), pass ``i``
+    the rows ``[i s0, (i + 1) s0)`` (the spare pass: clamped, the last block shifted by a
+    row). The loop always has at least two passes, so XLA never inlines it into (and fuses
+    it with) the surrounding program, as it would a loop of one pass on a device that holds
+    one block; and each pass reads a slice shorter than the array it reads from, which XLA
+    can neither drop (a slice as long as its array is the array) nor prove the same in
+    every pass (it would hoist the per-block computation out of the loop). Every block is
+    then computed by the same loop-body program on any layout (XLA:CPU contracts a multiply
+    and an add into an FMA where it fuses them, and picks a dot's kernel by its context: the
+    program decides the bits). Cost: one copy of the arrays (and a row) per loop. (Appending
+    a copy of the whole last block instead, the previous form, cost ``(n + 1) / n`` of the
+    arrays: 3/2 where a device holds two blocks. Reading the arrays themselves where a device
+    holds two or more blocks, and a padded copy only where it holds one, is not bitwise: a
+    loop reading a copy compiles to other bits than one reading its arguments.)
     """
     n = stacked[0].shape[0]
-    padded = tuple(jnp.concatenate([a, a[-1:]]) for a in stacked)
+    padded = tuple(_rows_padded(a) for a in stacked)
 
     def one(i):
-        return fn(*(jax.lax.dynamic_index_in_dim(a, i, keepdims=False) for a in padded))
+        return fn(*(_read_block(a, p, i) for a, p in zip(stacked, padded)))
 
     out = jax.lax.map(one, jnp.arange(n + 1))
     return jtu.tree_map(lambda o: o[:n], out)
+
+
+def _rows_padded(a):
+    """``a`` (``(n, s0, ...)``: ``n`` blocks) as ``(n s0 + 1, ...)``, its last row repeated; ``(n,)``: ``(n + 1,)``."""
+    rows = a.reshape((-1,) + a.shape[2:]) if a.ndim >= 2 else a
+    return jnp.concatenate([rows, rows[-1:]])
+
+
+def _read_block(a, padded, i):
+    """Block ``i`` of ``a`` from :func:`_rows_padded`; ``i = n``: the last block's rows shifted by one (clamped)."""
+    if a.ndim < 2:
+        return jax.lax.dynamic_index_in_dim(padded, i, keepdims=False)
+    return jax.lax.dynamic_slice_in_dim(padded, i * a.shape[1], a.shape[1])
 
 
 def block_map(fn: Callable, layout: GridLayout, *slabs):

@@ -37,6 +37,7 @@ from .errors import (
     check_sampling_finite,
 )
 from .field_split import field_split_chi2_sums, per_device, split_latent
+from .host_memory import keep_host_memory_low, release_host_memory
 from .kl import kl_metric, kl_value_and_grad
 from .likelihood import Likelihood
 from .masks import parse_selection, project
@@ -183,6 +184,7 @@ class OptimizeVI:
         self._planned = set()  # iterations whose steps were submitted to it
         self._display = None  # the open progress display (inside run / update)
         self._seen_steps = set()  # (step, config, sample count) already run: compiled
+        keep_host_memory_low()  # freed buffers back to the system (see .host_memory)
         self._build()
 
     # -- compiled pieces -----------------------------------------------------------------------
@@ -280,6 +282,7 @@ class OptimizeVI:
 
         A step compiled ahead in the background is waited for here (shown as compiling while it is not ready).
         """
+        release_host_memory()  # the last step's freed buffers and compile work, before this one allocates
         compiling = step is not None and step not in self._seen_steps and not self._ahead.ready(step)
         if step is not None:
             self._seen_steps.add(step)

@@ -1,0 +1,68 @@
+"""Hand freed host memory back to the system between the engine's steps (glibc only).
+
+XLA:CPU keeps a program's arrays in ``malloc``-ed buffers. glibc serves a request
+of at least its *mmap threshold* with a mapping of its own, returned to the
+system when freed, and smaller ones from its heaps, whose freed pages it keeps.
+The threshold starts at 128 KiB but rises to the size of every mapped block
+freed, up to 32 MiB: after the first steps, buffers of a few MiB (a
+device's slab of a field split over 4 processes, 8 MiB at 2048², and their
+complex transforms) come from the heaps, and their freed pages stay resident
+while the next step allocates others beside them. Every process of a field
+split then holds more than its share (``benchmarks/bench_field_memory.py``,
+2048², 4 processes: 625 MiB per process above the idle runtime, 555 MiB with
+what this module does; one process: 1661 and 1608 MiB; BENCHMARKS.md). The
+pages that compiling a program freed stay too (~50 MiB after the first
+steps' compiles at 256²).
+
+:func:`keep_host_memory_low` (called when :class:`~shardvi.vi.optimize_kl.OptimizeVI`
+is built) fixes the threshold at :data:`MMAP_THRESHOLD` (requests of 1 MiB and
+more get their own mapping), and :func:`release_host_memory` (called before each
+stage of an iteration) returns the heaps' free pages (``malloc_trim``). Neither
+changes a result: they decide where buffers live, not what is computed. Set
+``SHARDVI_KEEP_MALLOC`` (non-empty) to leave the allocator as it is; on a C
+library without these calls (not glibc) both do nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+
+__all__ = ["MMAP_THRESHOLD", "keep_host_memory_low", "release_host_memory"]
+
+#: bytes: requests of at least this size are mapped on their own (freed: returned to the system)
+MMAP_THRESHOLD = 1 << 20
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
+
+
+@functools.cache
+def _glibc():
+    """The C library when it has glibc's ``mallopt`` and ``malloc_trim``, else ``None``."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        libc.mallopt.argtypes, libc.mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+        libc.malloc_trim.argtypes, libc.malloc_trim.restype = (ctypes.c_size_t,), ctypes.c_int
+    except (OSError, AttributeError, TypeError):
+        return None
+    return libc
+
+
+def _enabled() -> bool:
+    return not os.environ.get("SHARDVI_KEEP_MALLOC") and _glibc() is not None
+
+
+@functools.cache
+def keep_host_memory_low() -> bool:
+    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD` (once per process); ``True`` if it was set."""
+    if not _enabled():
+        return False
+    return bool(_glibc().mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))  # pyright: ignore[reportOptionalMemberAccess]
+
+
+def release_host_memory() -> None:
+    """Return the free pages of glibc's heaps to the system (``malloc_trim(0)``); nothing elsewhere."""
+    if _enabled():
+        _glibc().malloc_trim(0)  # pyright: ignore[reportOptionalMemberAccess]
