@@ -14,6 +14,7 @@ results do not depend on how many devices share the grid.
 from __future__ import annotations
 
 import jax
+import jax.core
 import jax.numpy as jnp
 from jax import tree_util as jtu
 
@@ -167,7 +168,30 @@ def linearize_with_adjoint(f, x):
     the real inner product, as :func:`linear_adjoint`.
     """
     y, jvp_fn = jax.linearize(f, x)
+    jvp_fn = _residuals_apart(jvp_fn)
     return y, jvp_fn, linear_adjoint(jax.linear_transpose(jvp_fn, x))
+
+
+def _residuals_apart(jvp_fn):
+    """``jvp_fn`` (from ``jax.linearize``) with its residuals passed through an optimization barrier.
+
+    The residuals are the values at ``x`` the linear map needs (for ``exp(f)``, ``exp(f)`` itself).
+    Without the barrier XLA may compute them inside their consumers, e.g. in the body of a solver's
+    loop that applies the map, and a per-sample program and a batched one (``JitSharding``'s) fuse
+    such a consumer differently: ``exp`` came out 1 ulp apart in a 128^2 correlated field's sampling
+    step, and the solvers amplified it. With the barrier they are computed once, before their users,
+    in every program. A ``jvp_fn`` of another form (another jax) is returned unchanged.
+    """
+    if not isinstance(jvp_fn, jtu.Partial):
+        return jvp_fn
+    leaves, treedef = jtu.tree_flatten(tuple(jvp_fn.args))
+    arrays = [i for i, v in enumerate(leaves) if isinstance(v, (jax.Array, jax.core.Tracer))]
+    if not arrays:
+        return jvp_fn
+    apart = jax.lax.optimization_barrier([leaves[i] for i in arrays])
+    for i, v in zip(arrays, apart):
+        leaves[i] = v
+    return jtu.Partial(jvp_fn.func, *jtu.tree_unflatten(treedef, leaves), **jvp_fn.keywords)
 
 
 def random_like(key, domain):

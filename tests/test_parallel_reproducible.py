@@ -6,6 +6,7 @@ is padded on 2 and 4 devices.
 """
 
 import functools
+import os
 import warnings
 
 import jax
@@ -193,6 +194,56 @@ def test_correlated_field_bitwise_across_device_counts():
     assert len(got) == len(ref)
     for a, b in zip(got, ref):
         assert np.array_equal(a, b), f"jit on 4 devices differs from 1-device vmap: max |diff| {np.max(np.abs(a - b))}"
+
+
+def _cf16():
+    """A 16^2 log-normal correlated field with data, and a position one MGVI iteration produced on it (stored:
+    ``tests/data/cf16_after_one_iteration.npz``; the field's structure there, not a random position, is what
+    brought the programs apart)."""
+    n = 16
+    cfm = sv.CorrelatedFieldMaker("cf")
+    cfm.set_amplitude_total_offset(0.0, (0.5, 0.1))
+    cfm.add_fluctuations(
+        (n, n), 1.0 / n, fluctuations=(1.0, 0.3), loglogavgslope=(-3.0, 0.5), flexibility=(0.5, 0.2), prefix="ax"
+    )
+    cf = cfm.finalize()
+    model = sv.Model(lambda xi: jax.numpy.exp(cf(xi)), cf.domain)
+    d = model(model.init(jax.random.PRNGKey(1))) + 0.1 * jax.random.normal(jax.random.PRNGKey(2), (n, n))
+    stored = np.load(os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "cf16_after_one_iteration.npz"))
+    return cf, sv.Gaussian(d, noise_std=0.1).amend(model), {k: stored[k] for k in stored.files}
+
+
+@pytest.mark.product_compiler  # two programs compared bitwise (tests/conftest.py)
+def test_jit_sharding_sampling_step_and_field_tangent_bitwise_one_device():
+    """``JitSharding`` maps the per-sample code over its device axis (a batch); ``Vmap`` runs it unbatched. At a
+    position an MGVI iteration reached on a 16^2 correlated field, the two programs once differed in the last bits:
+
+    - the field's tangent: the harmonic amplitude was ``azm * ahat[index]``, whose JVP ``dazm * ahat[index] + azm *
+      dahat[index]`` XLA:CPU contracted into an FMA in one program and not in the other (now one gather from the
+      table ``[azm, a_k]``);
+    - the sampling CG (one iteration): the linearization's residuals (``exp(f)``) were computed inside the loop
+      body in one program (now they pass an optimization barrier, ``tree_math.linearize_with_adjoint``).
+    """
+    from shardvi.parallel.reproducible import reproducible_jit
+    from shardvi.vi.sampling import draw_linear_residual
+
+    cf, lh, pos = _cf16()
+    keys = jax.random.split(jax.random.PRNGKey(7), 4)
+    tangent = jax.tree.map(lambda v: 0.7 * v, cf.init(jax.random.PRNGKey(4)))
+    cg = sv.CGConfig(tol=None, miniter=1, maxiter=1)
+
+    def parts(st):
+        def per_sample(lik, p, k):
+            r = draw_linear_residual(lik, p, k, cg)[0]
+            return r, jax.jvp(cf, (jax.tree.map(jax.numpy.add, p, r),), (tangent,))[1]
+
+        f = reproducible_jit(lambda lik, p, k: st.map(per_sample, (None, None, 0))(lik, p, k))
+        return jax.tree.leaves(f(st.place(lh), st.place(pos), st.place(keys)))
+
+    want, got = parts(sv.parallel.Vmap()), parts(sv.parallel.JitSharding(devices=jax.devices()[:2]))
+    assert np.any(want[-1] != 0)
+    for a, b in zip(got, want):
+        assert np.array_equal(a, b), f"JitSharding differs from Vmap: max |diff| {np.max(np.abs(a - b))}"
 
 
 def _poisson_likelihood():

@@ -313,8 +313,19 @@ class CorrelatedField(Model):
     def _fluctuations(self, xi, component):
         return self.amplitudes[component].std(xi, self.dtype)
 
+    def _amplitude_table(self, xi):
+        """The harmonic amplitude per ``|k|`` bin of the one sub-domain: ``[azm, a_1, a_2, ...]`` (bin 0: zero mode)."""
+        amp = self.amplitudes[0]
+        log_a = 0.5 * (amp.log_power(xi, self.dtype) - math.log(amp.grid.total_volume))
+        return jnp.concatenate([self.zero_mode_std(xi)[None], jnp.exp(log_a)])
+
     def harmonic_amplitude(self, xi):
         """``c`` on the full harmonic grid (FFT order), shape ``field_shape``: ``field = offset + H(c * xi)``."""
+        if len(self.amplitudes) == 1:
+            # one gather from the table [azm, a_k]: no product azm * ahat[index], whose JVP (a multiply-add over
+            # the grid) XLA:CPU contracts into an FMA in some programs and not in others (JitSharding's batched
+            # per-sample code against Vmap's), 1 ulp apart
+            return self._amplitude_table(xi)[jnp.asarray(self.amplitudes[0].grid.power_index)]
         azm = self.zero_mode_std(xi)
         out = azm
         ndim = len(self.field_shape)
@@ -374,11 +385,9 @@ class CorrelatedField(Model):
             )
         layout = slab.layout
         g = self.amplitudes[0].grid
-        azm = self.zero_mode_std(xi)
-        log_a = 0.5 * (self.amplitudes[0].log_power(xi, self.dtype) - math.log(g.total_volume))
-        table = jnp.concatenate([azm[None], jnp.exp(log_a)])  # c per |k| bin: azm * ahat
         index = jnp.asarray(g.power_index)  # whole, or the device's rows (split like the data by the strategy)
-        c = take(table, index if index.shape[0] != g.shape[0] else local_rows(index, layout), layout)
+        rows = index if index.shape[0] != g.shape[0] else local_rows(index, layout)
+        c = take(self._amplitude_table(xi), rows, layout)
         return self.offset_mean + layout_hartley(c * slab.value, layout)
 
     def __repr__(self):

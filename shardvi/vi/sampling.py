@@ -152,8 +152,8 @@ def nonlinearly_update_residual(
     keep = _keep(lh, sample_mask)
     if lh.blocked:
         return _blocked_update(lh, pos, residual, metric_sample_key, metric_sample_sign, config, keep)
-    x_bar, vjp_bar = jax.vjp(lh.transformation, pos)
-    jbar_t = tm.linear_adjoint(vjp_bar)
+    # linearized (not jax.vjp): its residuals pass a barrier, and jbar_t runs in every pass of the Newton-CG loops
+    x_bar, _, jbar_t = tm.linearize_with_adjoint(lh.transformation, pos)
     # the metric sample's square root: Jbar^T itself where that is the likelihood's (one model evaluation fewer
     # in the program), else the likelihood's own
     lsm = jbar_t if lh._lsm_from_transformation else functools.partial(lh.left_sqrt_metric, pos)
