@@ -14,7 +14,6 @@ results do not depend on how many devices share the grid.
 from __future__ import annotations
 
 import jax
-import jax.core
 import jax.numpy as jnp
 from jax import tree_util as jtu
 
@@ -185,7 +184,7 @@ def _residuals_apart(jvp_fn):
     if not isinstance(jvp_fn, jtu.Partial):
         return jvp_fn
     leaves, treedef = jtu.tree_flatten(tuple(jvp_fn.args))
-    arrays = [i for i, v in enumerate(leaves) if isinstance(v, (jax.Array, jax.core.Tracer))]
+    arrays = [i for i, v in enumerate(leaves) if isinstance(v, jax.Array)]  # tracers are jax.Arrays too
     if not arrays:
         return jvp_fn
     apart = jax.lax.optimization_barrier([leaves[i] for i in arrays])
