@@ -175,9 +175,8 @@ def test_mgvi_geovi_runs_bitwise_equal_on_every_mesh_layout(problem, layout):
 
 @pytest.mark.slow
 def test_jit_sharding_run_with_split_data_is_bitwise_equal_to_one_device():
-    """JitSharding(model_shards=2) on a 2x2 mesh (GSPMD over the samples, block sums in a shard_map; the masked
-    model has no FFT): MGVI, geoVI and KL bitwise those of one device at the engine's default compiler level (at
-    LLVM level 0 the batched GSPMD program rounds 1 ulp apart from the unbatched one)."""
+    """JitSharding(model_shards=2) on a 2x2 mesh (the per-sample work manual over both axes inside the jit):
+    MGVI, geoVI and KL bitwise those of one device at the engine's default compiler level."""
     model, _, blocked = masked_problem()
     got = run_layout(blocked, start_position(model), JitSharding(devices=jax.devices()[:4], model_shards=2))
     _assert_same_run(got, one_device_run("masked"), "jit 2x2")
@@ -185,7 +184,7 @@ def test_jit_sharding_run_with_split_data_is_bitwise_equal_to_one_device():
 
 @pytest.mark.parametrize("strategy", ["jit", "psum"])
 def test_metric_of_blocked_data_under_other_strategies(strategy):
-    """JitSharding (GSPMD; the model has no FFT) gives the one-device bits with the data replicated and with
+    """JitSharding gives the one-device bits with the data replicated and with
     them split over a model axis (one gather of per-block terms, the data never gathered); the psum mode (per-shard
     block sums added by a psum over the model axis) is within 1e-12 for ShardMap and JitSharding."""
     model, _, blocked = masked_problem()

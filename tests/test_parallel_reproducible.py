@@ -166,7 +166,7 @@ def _cf_run(strategy_name, n_devices, mode):
 
 @pytest.mark.slow
 def test_correlated_field_bitwise_across_device_counts():
-    """A realistic model, not only the small pointwise one: 1-device vmap == jit (GSPMD) on 4 devices, bitwise.
+    """A realistic model, not only the small pointwise one: 1-device vmap == jit on 4 devices, bitwise.
 
     Regression test: XLA rewrites ``array / scalar`` into a multiplication by
     the reciprocal in SPMD programs but not in single-device ones (the
@@ -224,13 +224,18 @@ def test_jit_sharding_sampling_step_and_field_tangent_bitwise_one_device():
     - the sampling CG (one iteration): the linearization's residuals (``exp(f)``) were computed inside the loop
       body in one program (now they pass an optimization barrier, ``tree_math.linearize_with_adjoint``).
     """
+    _assert_jit_sharding_pieces_bitwise(*_cf16(), cg_iterations=1)
+
+
+def _assert_jit_sharding_pieces_bitwise(cf, lh, pos, cg_iterations):
+    """An MGVI residual (``cg_iterations`` CG iterations) and the field's tangent at ``pos + residual``, per sample
+    under ``JitSharding`` on 2 devices and under ``Vmap``: bitwise equal."""
     from shardvi.parallel.reproducible import reproducible_jit
     from shardvi.vi.sampling import draw_linear_residual
 
-    cf, lh, pos = _cf16()
     keys = jax.random.split(jax.random.PRNGKey(7), 4)
     tangent = jax.tree.map(lambda v: 0.7 * v, cf.init(jax.random.PRNGKey(4)))
-    cg = sv.CGConfig(tol=None, miniter=1, maxiter=1)
+    cg = sv.CGConfig(tol=None, miniter=cg_iterations, maxiter=cg_iterations)
 
     def parts(st):
         def per_sample(lik, p, k):
@@ -244,6 +249,24 @@ def test_jit_sharding_sampling_step_and_field_tangent_bitwise_one_device():
     assert np.any(want[-1] != 0)
     for a, b in zip(got, want):
         assert np.array_equal(a, b), f"JitSharding differs from Vmap: max |diff| {np.max(np.abs(a - b))}"
+
+
+@pytest.mark.product_compiler  # two programs compared bitwise (tests/conftest.py)
+def test_jit_sharding_bitwise_on_a_field_of_two_sub_domains():
+    """A correlated field of two sub-domains (16x12 and 6 pixels) multiplies their amplitudes, ``azm * ahat_1 *
+    ahat_2``: a multiply-add in its JVP, which XLA:CPU can contract into FMAs differently in different programs
+    (the one-sub-domain test above). Each device of ``JitSharding`` runs ``Vmap``'s unbatched per-sample program,
+    so the residual and the field's tangent are bitwise equal. (The batched program ``JitSharding`` ran before
+    2026-11-26 was bitwise here too: this guards the property, it did not find a difference.)"""
+    cfm = sv.CorrelatedFieldMaker("cf")
+    cfm.set_amplitude_total_offset(0.0, (0.5, 0.1))
+    cfm.add_fluctuations((16, 12), 1.0 / 16, fluctuations=(1.0, 0.3), loglogavgslope=(-3.0, 0.5), prefix="sp")
+    cfm.add_fluctuations((6,), 1.0 / 6, fluctuations=(0.7, 0.2), loglogavgslope=(-2.0, 0.5), prefix="tm")
+    cf = cfm.finalize()
+    model = sv.Model(lambda xi: jax.numpy.exp(cf(xi)), cf.domain)
+    d = model(model.init(jax.random.PRNGKey(1))) + 0.1 * jax.random.normal(jax.random.PRNGKey(2), cf.field_shape)
+    pos = jax.tree.map(lambda v: 0.8 * v, model.init(jax.random.PRNGKey(3)))
+    _assert_jit_sharding_pieces_bitwise(cf, sv.Gaussian(d, noise_std=0.1).amend(model), pos, cg_iterations=4)
 
 
 def _poisson_likelihood():

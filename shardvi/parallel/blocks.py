@@ -16,13 +16,9 @@ divides ``B``. ``reduce="psum"`` (the strategy's fast mode) sums the local
 blocks and adds the shards' sums with a ``psum`` instead (about one ulp
 apart).
 
-Under a strategy that partitions with GSPMD (``JitSharding(model_shards=k)``)
-the per-sample work is not traced per device, so the model axis carries its
-mesh: :func:`block_sum` then opens a ``shard_map`` over that mesh and runs the
-same per-device loop, gather and ordered sum inside it. The strategy maps its
-device batch with ``vmap(..., spmd_axis_name=<sample axis>)``, so the batched
-arguments of that ``shard_map`` stay split over the sample axis (no sample
-collective inside the solvers).
+Every multi-device strategy traces the per-sample work per device, inside a
+``shard_map`` manual over the model axis (``JitSharding`` too, inside its
+``jax.jit``), so the gather is a collective of that ``shard_map``.
 """
 
 from __future__ import annotations
@@ -34,7 +30,6 @@ from typing import NamedTuple
 
 import jax
 from jax import tree_util as jtu
-from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from .grid import is_mesh_slab
@@ -57,9 +52,8 @@ __all__ = [
 class ModelAxis(NamedTuple):
     """The model axis the per-sample work is traced under: its name, size, reduction mode and mesh.
 
-    ``mesh`` is ``None`` when the work is traced per device (inside a ``shard_map``
-    manual over the axis), else the mesh of the GSPMD program whose block sums open a
-    ``shard_map`` of their own. ``whole_model``: a field-split model that needs the whole
+    The work is traced per device, inside a ``shard_map`` manual over the axis.
+    ``whole_model``: a field-split model that needs the whole
     field is evaluated on the gathered field on every device of the axis (``JitSharding``),
     instead of raising (``ShardMap``).
     """
@@ -67,7 +61,6 @@ class ModelAxis(NamedTuple):
     name: str
     size: int
     reduce: str = "fixed"
-    mesh: Mesh | None = None
     whole_model: bool = False
 
 
@@ -75,17 +68,13 @@ _CURRENT: contextvars.ContextVar[ModelAxis | None] = contextvars.ContextVar("sha
 
 
 @contextlib.contextmanager
-def model_axis(
-    name: str = MODEL_AXIS, size: int = 1, reduce: str = "fixed", mesh: Mesh | None = None, whole_model: bool = False
-):
+def model_axis(name: str = MODEL_AXIS, size: int = 1, reduce: str = "fixed", whole_model: bool = False):
     """Trace the enclosed code with the data blocks split over mesh axis ``name`` of ``size`` devices.
 
-    Used by strategies around the per-sample function they map: inside their
-    ``shard_map`` (``mesh=None``), where :func:`block_sum` gathers over
-    ``name``, or around a GSPMD-partitioned ``jax.jit`` (``mesh`` given), where
-    each block sum is a ``shard_map`` over ``mesh`` (see the module docstring).
+    Used by strategies around the per-sample function they map, inside their
+    ``shard_map``, where :func:`block_sum` gathers over ``name``.
     """
-    token = _CURRENT.set(ModelAxis(name, int(size), reduce, mesh, whole_model))
+    token = _CURRENT.set(ModelAxis(name, int(size), reduce, whole_model))
     try:
         yield
     finally:
@@ -112,8 +101,6 @@ def block_map(fn: Callable, blocks, *broadcast):
 def block_sum(fn: Callable, blocks, *broadcast):
     """``sum_b fn(block_b, *broadcast)`` over all blocks, in block order (see the module docstring)."""
     axis = current_model_axis()
-    if axis is not None and axis.size > 1 and axis.mesh is not None:
-        return _manual_block_sum(axis, fn, blocks, broadcast)
     parts = block_map(fn, blocks, *broadcast)
     if axis is None or axis.size == 1:
         return ordered_sum(parts)
@@ -121,22 +108,6 @@ def block_sum(fn: Callable, blocks, *broadcast):
         return jax.lax.psum(ordered_sum(parts), axis.name)
     gathered = jtu.tree_map(lambda p: jax.lax.all_gather(p, axis.name, axis=0, tiled=True), parts)
     return ordered_sum(gathered)
-
-
-def _manual_block_sum(axis: ModelAxis, fn, blocks, broadcast):
-    """:func:`block_sum` in a ``shard_map`` over ``axis.mesh`` (inside a GSPMD program).
-
-    Blocks split over ``axis.name``; the other arguments replicated, except the dimension a
-    ``vmap(..., spmd_axis_name=...)`` around this call batches, which stays split over that axis.
-    """
-
-    def local(blk, *bc):
-        with model_axis(axis.name, axis.size, axis.reduce):  # per device now: gather over the axis
-            return block_sum(fn, blk, *bc)
-
-    in_specs = (P(axis.name),) + (P(),) * len(broadcast)
-    mapped = jax.shard_map(local, mesh=axis.mesh, in_specs=in_specs, out_specs=P(), check_vma=False)
-    return mapped(blocks, *broadcast)
 
 
 def is_blocked(node) -> bool:

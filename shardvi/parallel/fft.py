@@ -1,9 +1,10 @@
 """An N-D FFT that XLA's SPMD partitioner splits along its batch axes.
 
 XLA's partitioner has no rule for the FFT op: in a program partitioned by
-``jax.jit`` with shardings (the ``jit`` strategy, :class:`JitSharding`) it
-gathers a batch of fields that is split over the devices and runs the whole
-batch on every device. :func:`fftn` is ``jnp.fft.fftn`` with a partitioning
+``jax.jit`` with shardings (user code that maps a batch of fields that way;
+shardvi's strategies run the per-sample work per device) it gathers a batch
+of fields that is split over the devices and runs the whole batch on every
+device. :func:`fftn` is ``jnp.fft.fftn`` with a partitioning
 rule (``jax.experimental.custom_partitioning``): an input split along axes
 that are not transformed stays split and each device transforms its own
 part; an input split along the first transformed axis (a field split into
@@ -15,8 +16,8 @@ each line on its own), so sample- and slab-parallel FFTs under ``jit`` give
 the one-device results bitwise.
 
 Outside a partitioned program (one device) it lowers to the plain FFT; inside
-a ``jax.shard_map`` (where XLA cannot run a custom rule: per device, also in
-``JitSharding``'s field split) it is the plain FFT. It is linear with a
+a ``jax.shard_map`` (where XLA cannot run a custom rule: per device, as in
+every strategy's per-sample work) it is the plain FFT. It is linear with a
 JVP, a transpose (the DFT matrix is symmetric: the transpose is the same
 FFT) and a batching rule, so ``grad``, ``jvp``, ``linear_transpose`` and
 ``vmap`` work as for ``jnp.fft.fftn``.
@@ -153,7 +154,7 @@ if Primitive is not None:
     # linear; the DFT matrix is symmetric, so the transpose is the same FFT
     ad.deflinear2(_fft_p, lambda ct, x, *, axes: [_fft_p.bind(ct, axes=axes)])
 
-#: primitives of this module that XLA's partitioner splits (the ``jit`` strategy does not warn about them)
+#: primitives of this module (the FFT with a partitioning rule), for code that looks for FFTs in a jaxpr
 PARTITIONED_PRIMITIVES = ("shardvi_partitioned_fft",)
 
 

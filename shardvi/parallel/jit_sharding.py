@@ -1,9 +1,9 @@
-"""``jit`` strategy: GSPMD partitioning through ``jax.jit`` in/out shardings."""
+"""``jit`` strategy: one ``jax.jit`` whose in/out shardings place the samples (and the model axis's blocks)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import warnings
 from collections.abc import Sequence
 
 import jax
@@ -14,66 +14,46 @@ from jax.sharding import PartitionSpec as P
 
 from ._base import MultiDevice, divide, masked_local_sum, reshape_from_devices, reshape_to_devices
 from .blocks import MODEL_AXIS, model_axis, model_specs
-from .fft import PARTITIONED_PRIMITIVES
-from .mesh import SAMPLE_AXIS, replicated, sharded
+from .mesh import SAMPLE_AXIS
 from .shard_map import rows_back, rows_out
-from .strategy import check_in_axes, chunked_apply, register_strategy
+from .strategy import chunked_apply, register_strategy
 
-__all__ = ["JitSharding", "unpartitionable_primitives"]
-
-#: primitives XLA's SPMD partitioner replicates instead of splitting along the batch
-_UNPARTITIONED = ("fft", "custom_call", "ffi_call", "pure_callback", "nufft")
+__all__ = ["JitSharding"]
 
 
 def _is_spec(x) -> bool:
     return isinstance(x, P)
 
 
-def unpartitionable_primitives(jaxpr) -> set:
-    """Names of primitives in ``jaxpr`` (recursively) that GSPMD runs replicated (FFT, custom calls)."""
-    found = set()
-
-    def visit(j):
-        for eqn in j.eqns:
-            name = eqn.primitive.name
-            if any(tag in name for tag in _UNPARTITIONED) and name not in PARTITIONED_PRIMITIVES:
-                found.add(name)
-            for v in eqn.params.values():
-                for sub in v if isinstance(v, (tuple, list)) else (v,):
-                    inner = getattr(sub, "jaxpr", sub)
-                    if hasattr(inner, "eqns"):
-                        visit(inner)
-
-    visit(jaxpr)
-    return found
-
-
 @dataclasses.dataclass(frozen=True)
 class JitSharding(MultiDevice):
-    """Let XLA's GSPMD partitioner split the samples (``jax.jit`` with shardings).
+    """Place the samples with ``jax.jit`` in/out shardings; each device runs its own.
 
-    The padded sample axis is reshaped to ``(len(devices), per_device, ...)``
-    and ``vmap``-ed over the device axis inside a ``jax.jit`` whose
-    ``in_shardings``/``out_shardings`` split that axis over a 1-D mesh.
+    The padded sample axis is reshaped to ``(len(devices) // model_shards,
+    per_device, ...)`` and passed to a ``jax.jit`` whose ``in_shardings`` split
+    that device axis over the mesh's sample axis (and, with ``model_shards >
+    1``, the data blocks or grid rows over its model axis). Inside, the
+    per-sample work runs in a ``shard_map`` manual over the mesh: each device
+    maps its own samples (chunks of ``chunk_size``) as under
+    :class:`~shardvi.parallel.ShardMap`, so its solver loops stop at its own
+    iteration count and hold no collective, and an FFT or another custom call
+    (jax-finufft's NUFFT) runs on the device's own samples. What lies outside
+    the per-sample work (the gather of the outputs, the sums over samples) is
+    left to XLA's SPMD partitioner.
 
     Notes
     -----
-    GSPMD partitions one *batched* program, so the per-sample ``while_loop``
-    solvers run in lockstep on all devices: the loop condition contains an
-    all-reduce and every device iterates until the slowest sample anywhere
-    has converged (finished samples are frozen, so results are unchanged).
-    :class:`~shardvi.parallel.ShardMap` and :class:`~shardvi.parallel.Pmap`
-    let each device stop on its own. GSPMD cannot split opaque custom calls
-    (e.g. jax-finufft's NUFFT) nor, in this XLA version, a plain
-    ``jnp.fft`` FFT: it all-gathers the batch and runs all samples on every
-    device — slow, and the FFT then sees another batch size than on one
-    device, so results can differ in the last bits (mapping such a function
-    warns). shardvi's own FFT (:func:`shardvi.parallel.fft.fftn`, used by
-    :func:`shardvi.models.harmonic.hartley` and the correlated field) carries a partitioning
-    rule and stays split over the samples: correlated-field models run
-    sample-parallel. Use
-    :class:`~shardvi.parallel.ShardMap` or :class:`~shardvi.parallel.Pmap`
-    for models with other custom calls.
+    Letting the partitioner split one *batched* program over the device axis
+    instead (``jit(vmap(f))``, the form before 2026-11-26) costs more: the
+    batched ``while_loop`` solvers run in lockstep (an all-reduce in every loop
+    condition, every device iterating until the slowest sample anywhere has
+    converged) and XLA does not split custom calls such as a plain ``jnp.fft``
+    (it all-gathers the batch, and the FFT then sees another batch size than
+    on one device: other bits). On 2 and 4 forced CPU devices that took 1.4–1.6×
+    ``ShardMap``'s time per iteration (``BENCHMARKS.md``). shardvi's own FFT
+    (:func:`shardvi.parallel.fft.fftn`, used by :func:`shardvi.models.harmonic.hartley`
+    and the correlated field) still carries a partitioning rule for user code
+    that maps it with ``jax.jit`` and shardings of its own.
 
     Parameters
     ----------
@@ -87,24 +67,19 @@ class JitSharding(MultiDevice):
     pad : bool
         Pad unplaceable sample counts with masked copies (default) or raise.
     model_shards : int
-        Devices along a second mesh axis, ``"model"``, over which the data
-        blocks of a likelihood amended with ``data_blocks`` are split (see
+        Devices along a second mesh axis, ``"model"`` (see
         :class:`~shardvi.parallel.ShardMap`): the mesh is ``(len(devices) //
-        model_shards, model_shards)``, GSPMD splits the samples over its rows
-        and every block sum is a ``shard_map`` manual over the model axis (each
-        device evaluates its own blocks; one all-gather of per-block terms, or
-        a ``psum`` with ``reduce="psum"``). Bitwise equal to one device when
-        ``model_shards`` divides ``data_blocks`` and the model has no FFT.
-        A likelihood amended with ``field_blocks`` is split by grid rows:
-        inside the ``jax.jit`` the per-sample work runs in a ``shard_map``
-        over both mesh axes (each device its sample row's samples and its
-        grid rows, as under :class:`~shardvi.parallel.ShardMap`; its solvers
-        then stop on their own, not in lockstep), since XLA's partitioner
-        does not keep samples split through the slab transform's
-        ``all_to_all``; bitwise equal to one device for ``model_shards``
-        dividing ``field_blocks``. A model that needs the whole field is then
-        evaluated on the gathered field on every device of the model axis
-        (with a warning) instead of raising. Default 1: data replicated.
+        model_shards, model_shards)`` and the samples are split over its rows.
+        The data blocks of a likelihood amended with ``data_blocks`` are split
+        over the model axis (each device evaluates its own blocks; one
+        all-gather of per-block terms per block sum, or a ``psum`` with
+        ``reduce="psum"``); a likelihood amended with ``field_blocks`` is split
+        by grid rows (``Slab`` latents, slab FFTs). Bitwise equal to one device
+        when ``model_shards`` divides ``data_blocks`` / ``field_blocks``. A
+        field-split model that needs the whole field is evaluated on the field
+        gathered over the model axis on every device of it (with a warning),
+        where :class:`~shardvi.parallel.ShardMap` raises. Default 1: data
+        replicated.
     """
 
     devices: Sequence | None = None
@@ -117,102 +92,63 @@ class JitSharding(MultiDevice):
     def __post_init__(self):
         self._validate()
 
-    def _jit(self, per_device_fn, in_axes, out_sharding, args):
-        """``jit(vmap(per_device_fn))(*args)`` with the samples split over the sample axis."""
-        mesh = self.mesh
-        if self.model_shards == 1:
-            batched = jax.vmap(per_device_fn, in_axes=tuple(in_axes))
-            in_shardings = tuple(sharded(mesh) if ax == 0 else replicated(mesh) for ax in in_axes)
-            return jax.jit(batched, in_shardings=in_shardings, out_shardings=out_sharding)(*args)
-        # the device axis is the sample mesh axis (also for the block sums' shard_maps inside)
-        batched = jax.vmap(per_device_fn, in_axes=tuple(in_axes), spmd_axis_name=SAMPLE_AXIS)
-        # data blocks split over the model axis: one sharding per leaf (blocks P("model"), the rest P())
-        self.check_blocks(args)
-        flat, treedef = jtu.tree_flatten(tuple(args))
-        shardings = []
-        for a, ax in zip(args, in_axes):
-            n_leaves = len(jtu.tree_leaves(a))
-            if ax == 0:
-                shardings += [sharded(mesh)] * n_leaves
-            else:
-                shardings += [NamedSharding(mesh, spec) for spec in jtu.tree_leaves(model_specs(a), is_leaf=_is_spec)]
+    def _jit(self, per_device_fn, in_axes, args, batch: int):
+        """``jax.jit`` of the per-sample work, manual over every mesh axis inside.
 
-        def flat_fn(*leaves):
-            return batched(*jtu.tree_unflatten(treedef, leaves))
-
-        jitted = jax.jit(flat_fn, in_shardings=tuple(shardings), out_shardings=out_sharding)
-        # traced here: every block sum in the per-sample work becomes a shard_map manual over the model axis
-        with model_axis(MODEL_AXIS, self.model_shards, self.reduce, mesh=mesh):
-            return jitted(*flat)
-
-    def _jit_rows(self, per_device_fn, in_axes, args, batch: int):
-        """``_jit`` for a field split over the model axis: one ``shard_map`` over both mesh axes.
-
-        Inside a ``jax.jit`` whose in-shardings split the device axis over the sample axis and
-        the grid rows over the model axis, a ``shard_map`` manual over both axes hands each
-        device its sample row's samples and its grid rows, as under
-        :class:`~shardvi.parallel.ShardMap` (``Slab`` latents, slab FFTs, block-order sums over
-        the model axis). The sample axis is manual too: with it left to GSPMD (the model axis
-        manual only), XLA's partitioner gathered every sample row's samples around each
-        ``all_to_all`` of the slab transform and each block sum's ``all_gather`` (it keeps no
-        automatic split through a collective of a manual axis), so every device transformed all
-        of its row's samples (1.55-1.79x ``ShardMap``'s time at 2x2; BENCHMARKS.md). ``batch``:
-        the sample axes in front of the per-device function's outputs (1 for stacked samples, 0
-        for a sum). Returns the outputs with ``Slab`` leaves as ``MeshSlab`` (rows split), the
-        device axis still in front.
+        The jit's in-shardings split the device axis of ``args`` (the reshaped samples,
+        ``(len(devices) // model_shards, per_device, ...)``) over the sample axis and, with
+        ``model_shards > 1``, the data blocks or grid rows over the model axis; a
+        ``shard_map`` inside it hands each device its own samples (and blocks or rows), and
+        ``per_device_fn`` runs on them unbatched, as under :class:`~shardvi.parallel.ShardMap`.
+        So each device's solver loops stop at its own iteration count and hold no collective.
+        Left to XLA's partitioner, one batched program over the device axis ran the solvers in
+        lockstep (an all-reduce in every loop condition: 1.4-1.6x ``ShardMap``'s time per
+        iteration on 2-4 forced CPU devices, BENCHMARKS.md) and, with a field split, gathered
+        every sample row's samples around the slab transform's ``all_to_all`` (1.55-1.79x).
+        ``batch``: the sample axes in front of ``per_device_fn``'s outputs (1 for stacked
+        samples, 0 for a sum). Returns the outputs with the device axis in front; with a field
+        split, ``Slab`` leaves come back as ``MeshSlab`` (rows still split).
         """
-        mesh, record = self.mesh, {}
-        self.check_blocks(args)
-        batched = jax.vmap(per_device_fn, in_axes=tuple(in_axes))  # this device's part of the device axis
-        in_specs = tuple(model_specs(a, batch=SAMPLE_AXIS if ax == 0 else None) for a, ax in zip(args, in_axes))
+        mesh, split, record = self.mesh, self.model_shards > 1, {}
+        rows = self._splits_rows(args)
+        if split:
+            self.check_blocks(args)
+            in_specs = tuple(model_specs(a, batch=SAMPLE_AXIS if ax == 0 else None) for a, ax in zip(args, in_axes))
+        else:
+            in_specs = tuple(
+                jtu.tree_map(lambda _, ax=ax: P(SAMPLE_AXIS) if ax == 0 else P(), a) for a, ax in zip(args, in_axes)
+            )
 
         def body(*local):
-            # traced per device; a model that needs the whole field gets it gathered over the model axis
-            with model_axis(MODEL_AXIS, self.model_shards, self.reduce, whole_model=True):
-                return rows_out(batched(*local), record, batch + 1)
+            # this device's part of the device axis has length 1
+            own = [jtu.tree_map(lambda x: x[0], a) if ax == 0 else a for a, ax in zip(local, in_axes)]
+            # with a model axis, every block sum gathers over it, and a field-split model that needs the
+            # whole field gets it gathered over it
+            axis = model_axis(MODEL_AXIS, self.model_shards, self.reduce, whole_model=True)
+            with axis if split else contextlib.nullcontext():
+                out = jtu.tree_map(lambda x: x[None], per_device_fn(*own))
+            return rows_out(out, record, batch + 1) if rows else out
 
+        # outputs other than a field split's slabs are the same on every device of the model axis
+        out_specs = P(SAMPLE_AXIS, *(None,) * batch, MODEL_AXIS) if rows else P(SAMPLE_AXIS)
         flat, treedef = jtu.tree_flatten(tuple(args))
 
         def program(*leaves):
-            mapped = jax.shard_map(
-                body,
-                mesh=mesh,
-                in_specs=in_specs,
-                out_specs=P(SAMPLE_AXIS, *(None,) * batch, MODEL_AXIS),
-                check_vma=False,
-            )
-            return rows_back(mapped(*jtu.tree_unflatten(treedef, leaves)), record, mesh, batch + 1)
+            mapped = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+            out = mapped(*jtu.tree_unflatten(treedef, leaves))
+            return rows_back(out, record, mesh, batch + 1) if rows else out
 
         in_shardings = tuple(NamedSharding(mesh, s) for s in jtu.tree_leaves(in_specs, is_leaf=_is_spec))
         return jax.jit(program, in_shardings=in_shardings)(*flat)
-
-    def _warn_unpartitionable(self, fn, in_axes, args):
-        if len(self.resolved_devices) < 2 or self._splits_rows(args):  # a field split: see _jit_rows
-            return
-        check_in_axes(in_axes, len(args))
-        example = [jax.tree.map(lambda x: x[0], a) if ax == 0 else a for a, ax in zip(args, in_axes)]
-        found = sorted(unpartitionable_primitives(jax.make_jaxpr(fn)(*example).jaxpr))
-        if found:
-            warnings.warn(
-                f"JitSharding: the per-sample function uses {found}, which XLA's SPMD partitioner does not split: "
-                f"every device all-gathers the batch and computes all samples (slow), and results can differ in "
-                f"the last bits from 1-device runs. Use ShardMap or Pmap for such models.",
-                UserWarning,
-                stacklevel=3,
-            )
 
     def map(self, fn, in_axes):
         """Stacked per-sample outputs (padding dropped, replicated over the mesh)."""
 
         def mapped(*args):
-            self._warn_unpartitionable(fn, in_axes, args)
             layout, padded = self._prepare(args, in_axes)
             split = [reshape_to_devices(a, layout) if ax == 0 else a for a, ax in zip(padded, in_axes)]
             per_device = lambda *local: chunked_apply(fn, in_axes, local, self.chunk_size)  # noqa: E731
-            if self._splits_rows(padded):
-                out = self._jit_rows(per_device, in_axes, split, 1)
-            else:
-                out = self._jit(per_device, in_axes, sharded(self.mesh), split)
+            out = self._jit(per_device, in_axes, split, 1)
             return self._finish(reshape_from_devices(out, layout), layout)
 
         return mapped
@@ -221,7 +157,6 @@ class JitSharding(MultiDevice):
         """Per-device sums, then an all-reduce (``reduce="psum"``)."""
 
         def mm(*args):
-            self._warn_unpartitionable(fn, in_axes, args)
             layout, padded = self._prepare(args, in_axes)
             split = [reshape_to_devices(a, layout) if ax == 0 else a for a, ax in zip(padded, in_axes)]
             axes = tuple(in_axes) + (0,)
@@ -232,10 +167,7 @@ class JitSharding(MultiDevice):
                 return masked_local_sum(vals, layout, d)
 
             split.append(jnp.arange(layout.n_devices))
-            if self._splits_rows(padded):
-                parts = self._jit_rows(per_device, axes, split, 0)
-            else:
-                parts = self._jit(per_device, axes, sharded(self.mesh), split)
+            parts = self._jit(per_device, axes, split, 0)
             total = jtu.tree_map(lambda x: jnp.sum(x, axis=0), parts)
             return self._replicated(divide(total, layout.n))
 

@@ -144,10 +144,6 @@ class FieldSplitLikelihood(AmendedLikelihood):
         axis = current_model_axis()
         if axis is None or axis.size == 1:
             return GridLayout(self.n_blocks)
-        if axis.mesh is not None:
-            raise ValueError(
-                "internal: a field-split likelihood traced outside its strategy's shard_map over the model axis"
-            )
         if self.n_blocks % axis.size:
             raise ValueError(
                 f"model_shards={axis.size} does not divide field_blocks={self.n_blocks}: every device of "
