@@ -213,10 +213,11 @@ def _cf16():
     return cf, sv.Gaussian(d, noise_std=0.1).amend(model), {k: stored[k] for k in stored.files}
 
 
-@pytest.mark.product_compiler  # two programs compared bitwise (tests/conftest.py)
-def test_jit_sharding_sampling_step_and_field_tangent_bitwise_one_device():
-    """``JitSharding`` maps the per-sample code over its device axis (a batch); ``Vmap`` runs it unbatched. At a
-    position an MGVI iteration reached on a 16^2 correlated field, the two programs once differed in the last bits:
+@pytest.mark.product_compiler  # programs compared bitwise (tests/conftest.py)
+def test_batched_per_sample_program_bitwise_unbatched_on_a_correlated_field():
+    """The per-sample code batched over a leading device axis (``jit(vmap(...))``: what ``JitSharding`` compiled
+    before 2026-11-26) and unbatched (``Vmap``, and every strategy's per-device code now). At a position an MGVI
+    iteration reached on a 16^2 correlated field, the two programs once differed in the last bits:
 
     - the field's tangent: the harmonic amplitude was ``azm * ahat[index]``, whose JVP ``dazm * ahat[index] + azm *
       dahat[index]`` XLA:CPU contracted into an FMA in one program and not in the other (now one gather from the
@@ -224,12 +225,13 @@ def test_jit_sharding_sampling_step_and_field_tangent_bitwise_one_device():
     - the sampling CG (one iteration): the linearization's residuals (``exp(f)``) were computed inside the loop
       body in one program (now they pass an optimization barrier, ``tree_math.linearize_with_adjoint``).
     """
-    _assert_jit_sharding_pieces_bitwise(*_cf16(), cg_iterations=1)
+    _assert_per_sample_pieces_bitwise(*_cf16(), cg_iterations=1)
 
 
-def _assert_jit_sharding_pieces_bitwise(cf, lh, pos, cg_iterations):
-    """An MGVI residual (``cg_iterations`` CG iterations) and the field's tangent at ``pos + residual``, per sample
-    under ``JitSharding`` on 2 devices and under ``Vmap``: bitwise equal."""
+def _assert_per_sample_pieces_bitwise(cf, lh, pos, cg_iterations):
+    """An MGVI residual (``cg_iterations`` CG iterations) and the field's tangent at ``pos + residual`` for 4 keys:
+    ``JitSharding`` on 2 devices and the per-sample code batched over a device axis of one (as ``JitSharding``
+    compiled it on one device before 2026-11-26) bitwise ``Vmap``."""
     from shardvi.parallel.reproducible import reproducible_jit
     from shardvi.vi.sampling import draw_linear_residual
 
@@ -237,27 +239,37 @@ def _assert_jit_sharding_pieces_bitwise(cf, lh, pos, cg_iterations):
     tangent = jax.tree.map(lambda v: 0.7 * v, cf.init(jax.random.PRNGKey(4)))
     cg = sv.CGConfig(tol=None, miniter=cg_iterations, maxiter=cg_iterations)
 
-    def parts(st):
-        def per_sample(lik, p, k):
-            r = draw_linear_residual(lik, p, k, cg)[0]
-            return r, jax.jvp(cf, (jax.tree.map(jax.numpy.add, p, r),), (tangent,))[1]
+    def per_sample(lik, p, k):
+        r = draw_linear_residual(lik, p, k, cg)[0]
+        return r, jax.jvp(cf, (jax.tree.map(jax.numpy.add, p, r),), (tangent,))[1]
 
+    def parts(st):
         f = reproducible_jit(lambda lik, p, k: st.map(per_sample, (None, None, 0))(lik, p, k))
         return jax.tree.leaves(f(st.place(lh), st.place(pos), st.place(keys)))
 
-    want, got = parts(sv.parallel.Vmap()), parts(sv.parallel.JitSharding(devices=jax.devices()[:2]))
+    def batched(lik, p, k):  # the samples behind a device axis of one, mapped by jax.vmap
+        one = lambda kk: sv.parallel.Vmap().map(per_sample, (None, None, 0))(lik, p, kk)  # noqa: E731
+        return jax.tree.map(lambda x: x[0], jax.vmap(one)(k[None]))
+
+    want = parts(sv.parallel.Vmap())
     assert np.any(want[-1] != 0)
-    for a, b in zip(got, want):
-        assert np.array_equal(a, b), f"JitSharding differs from Vmap: max |diff| {np.max(np.abs(a - b))}"
+    got = {
+        "JitSharding": parts(sv.parallel.JitSharding(devices=jax.devices()[:2])),
+        "batched": jax.tree.leaves(reproducible_jit(batched)(lh, pos, keys)),
+    }
+    for name, leaves in got.items():
+        for a, b in zip(leaves, want):
+            a, b = np.asarray(a), np.asarray(b)
+            assert np.array_equal(a, b), f"{name} differs from Vmap: max |diff| {np.max(np.abs(a - b))}"
 
 
 @pytest.mark.product_compiler  # two programs compared bitwise (tests/conftest.py)
-def test_jit_sharding_bitwise_on_a_field_of_two_sub_domains():
+def test_per_sample_programs_bitwise_on_a_field_of_two_sub_domains():
     """A correlated field of two sub-domains (16x12 and 6 pixels) multiplies their amplitudes, ``azm * ahat_1 *
-    ahat_2``: a multiply-add in its JVP, which XLA:CPU can contract into FMAs differently in different programs
-    (the one-sub-domain test above). Each device of ``JitSharding`` runs ``Vmap``'s unbatched per-sample program,
-    so the residual and the field's tangent are bitwise equal. (The batched program ``JitSharding`` ran before
-    2026-11-26 was bitwise here too: this guards the property, it did not find a difference.)"""
+    ahat_2`` (a multiply-add in its JVP, which XLA:CPU may contract into FMAs differently in different programs).
+    ``JitSharding`` (each device runs ``Vmap``'s unbatched per-sample program) and the batched program give the
+    residual and the field's tangent of ``Vmap`` bitwise. Before the barrier of ``linearize_with_adjoint``,
+    ``JitSharding`` was 1.9e-13 off here."""
     cfm = sv.CorrelatedFieldMaker("cf")
     cfm.set_amplitude_total_offset(0.0, (0.5, 0.1))
     cfm.add_fluctuations((16, 12), 1.0 / 16, fluctuations=(1.0, 0.3), loglogavgslope=(-3.0, 0.5), prefix="sp")
@@ -266,7 +278,7 @@ def test_jit_sharding_bitwise_on_a_field_of_two_sub_domains():
     model = sv.Model(lambda xi: jax.numpy.exp(cf(xi)), cf.domain)
     d = model(model.init(jax.random.PRNGKey(1))) + 0.1 * jax.random.normal(jax.random.PRNGKey(2), cf.field_shape)
     pos = jax.tree.map(lambda v: 0.8 * v, model.init(jax.random.PRNGKey(3)))
-    _assert_jit_sharding_pieces_bitwise(cf, sv.Gaussian(d, noise_std=0.1).amend(model), pos, cg_iterations=4)
+    _assert_per_sample_pieces_bitwise(cf, sv.Gaussian(d, noise_std=0.1).amend(model), pos, cg_iterations=4)
 
 
 def _poisson_likelihood():
