@@ -6,7 +6,7 @@ Strategies (all usable as ``sample_map`` and ``kl_map`` of
 
 - :class:`Vmap` (``"vmap"``), :class:`LaxMap` (``"lax_map"``): one device.
 - :class:`Pmap` (``"pmap"``), :class:`ShardMap` (``"shard_map"``),
-  :class:`JitSharding` (``"jit"``, GSPMD in/out shardings): many devices.
+  :class:`JitSharding` (``"jit"``, ``jax.jit`` in/out shardings, a ``shard_map`` inside): many devices.
 
 In the default reproducible mode every strategy gives bitwise identical
 results for any device count (the contract is in :class:`Strategy`'s
