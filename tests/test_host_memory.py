@@ -66,3 +66,32 @@ def test_release_is_harmless_to_call_again_and_anywhere():
     host_memory.release_host_memory()
     host_memory.release_host_memory()
     assert a[12345] == 12345.0 and a.sum() == (1 << 18) * ((1 << 18) - 1) / 2
+
+
+def test_release_trims_only_after_the_resident_set_grew(monkeypatch):
+    """``malloc_trim`` walks every heap (milliseconds per call): it runs again only after the resident set grew by
+    ``TRIM_AFTER_GROWTH`` since the last trim, or when forced."""
+    trims, rss = [], [400 << 20]
+
+    class FakeLibc:
+        def malloc_trim(self, pad):
+            trims.append(pad)
+
+    monkeypatch.setattr(host_memory, "_glibc", lambda: FakeLibc())
+    monkeypatch.setattr(host_memory, "_resident_bytes", lambda: rss[0])
+    monkeypatch.setattr(host_memory, "_after_last_trim", [0])
+    monkeypatch.delenv("SHARDVI_KEEP_MALLOC", raising=False)
+    host_memory.release_host_memory()  # the first call trims
+    assert len(trims) == 1
+    rss[0] += host_memory.TRIM_AFTER_GROWTH - 1
+    host_memory.release_host_memory()  # grew by less: nothing new to return
+    assert len(trims) == 1
+    host_memory.release_host_memory(force=True)
+    assert len(trims) == 2
+    rss[0] += host_memory.TRIM_AFTER_GROWTH
+    host_memory.release_host_memory()
+    assert trims == [0, 0, 0]
+    monkeypatch.setenv("SHARDVI_KEEP_MALLOC", "1")
+    rss[0] += 10 * host_memory.TRIM_AFTER_GROWTH
+    host_memory.release_host_memory(force=True)  # the opt-out leaves the allocator alone
+    assert len(trims) == 3
