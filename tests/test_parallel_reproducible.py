@@ -263,7 +263,7 @@ def _assert_per_sample_pieces_bitwise(cf, lh, pos, cg_iterations):
             assert np.array_equal(a, b), f"{name} differs from Vmap: max |diff| {np.max(np.abs(a - b))}"
 
 
-@pytest.mark.product_compiler  # two programs compared bitwise (tests/conftest.py)
+@pytest.mark.product_compiler  # programs compared bitwise (tests/conftest.py)
 def test_per_sample_programs_bitwise_on_a_field_of_two_sub_domains():
     """A correlated field of two sub-domains (16x12 and 6 pixels) multiplies their amplitudes, ``azm * ahat_1 *
     ahat_2`` (a multiply-add in its JVP, which XLA:CPU may contract into FMAs differently in different programs).

@@ -50,12 +50,11 @@ __all__ = [
 
 
 class ModelAxis(NamedTuple):
-    """The model axis the per-sample work is traced under: its name, size, reduction mode and mesh.
+    """The model axis the per-sample work is traced under (per device, inside a ``shard_map`` manual over it).
 
-    The work is traced per device, inside a ``shard_map`` manual over the axis.
-    ``whole_model``: a field-split model that needs the whole
-    field is evaluated on the gathered field on every device of the axis (``JitSharding``),
-    instead of raising (``ShardMap``).
+    ``name``, ``size`` and ``reduce`` (the strategy's reduction mode). ``whole_model``: a
+    field-split model that needs the whole field is evaluated on the gathered field on every
+    device of the axis (``JitSharding``), instead of raising (``ShardMap``).
     """
 
     name: str
