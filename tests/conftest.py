@@ -66,7 +66,7 @@ def pytest_sessionfinish(session, exitstatus):
         shutil.rmtree(_CACHE, ignore_errors=True)
 
 
-_TEST_ENGINE_LEVEL = types.MappingProxyType({"xla_backend_optimization_level": 0})
+_TEST_ENGINE_LEVEL = types.MappingProxyType({**_reproducible.CPU_COMPILER_OPTIONS, "xla_backend_optimization_level": 0})
 
 
 @pytest.fixture(autouse=True)

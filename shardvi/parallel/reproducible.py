@@ -142,7 +142,13 @@ REPRODUCIBLE_COMPILER_OPTIONS = types.MappingProxyType(
 #: ~0.65-0.8x the time (64^2 and 128^2 correlated field: 30 -> 20 s and 28 -> 22 s for the three steps) and
 #: they run as fast within the noise (+-5 %: their time is in FFTs and memory-bound loops), ``BENCHMARKS.md``.
 #: Restore O3 with ``compiler_options={"xla_backend_optimization_level": 3}`` (long runs on large grids).
-CPU_COMPILER_OPTIONS = types.MappingProxyType({"xla_backend_optimization_level": 1})
+#: Also XLA's while-loop-invariant code motion off (with CSE, as in :data:`REPRODUCIBLE_COMPILER_OPTIONS`):
+#: the solvers' loops hold little invariant work (linearizations are computed before them), and the pass,
+#: which runs a dozen times per program, made the steps compile in ~1.25x the time for the same speed
+#: (96x160 to 256^2 correlated fields: 0.78-0.81x the XLA seconds without it, each step's run 0.96-1.05x).
+CPU_COMPILER_OPTIONS = types.MappingProxyType(
+    {"xla_backend_optimization_level": 1, "xla_disable_hlo_passes": "cse,while-loop-invariant-code-motion"}
+)
 
 
 @functools.cache
