@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax import tree_util as jtu
 
 from .. import tree_math as tm
@@ -18,6 +17,9 @@ from .minimizer import Minimizer
 from .progress import log_iteration
 from .solution import Solution
 from .status import Status
+
+if TYPE_CHECKING:  # imported where used: a run that does not use optax does not load it (~5 MiB per process)
+    import optax
 
 __all__ = ["OptaxConfig", "check_optimizer", "optax_minimize"]
 
@@ -113,6 +115,8 @@ def differentiable_value(fun_and_grad: Callable) -> Callable:
 
 
 def _is_extra_args(opt) -> bool:
+    import optax
+
     return isinstance(opt, optax.GradientTransformationExtraArgs)
 
 
@@ -212,6 +216,8 @@ def optax_minimize(fun_and_grad: Callable, x0, config: OptaxConfig) -> Solution:
     searches never differentiate through ``fun_and_grad`` itself. Pure and
     jittable.
     """
+    import optax
+
     if not isinstance(config, OptaxConfig):
         raise TypeError(f"config must be an OptaxConfig, got {type(config).__name__}")
     opt = config.optimizer

@@ -37,8 +37,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.linalg
-import scipy.sparse.linalg
 from jax import tree_util as jtu
 from jax.flatten_util import ravel_pytree
 
@@ -195,6 +193,8 @@ def _dense_log_det(lh, pos, strategy):
         for i in range(0, n, _COLUMNS)
     ]
     m = np.concatenate(cols, axis=0).astype(np.float64)  # row i = M e_i = column i (M symmetric)
+    import scipy.linalg  # here: a run that does not estimate the ELBO does not load scipy (~18 MiB per process)
+
     ev = np.flip(scipy.linalg.eigvalsh(0.5 * (m + m.T)))
     if ev[-1] <= 0:
         raise ValueError(
@@ -238,6 +238,8 @@ def _lanczos(matvec, z, order: int):
 
 def _quadrature(alpha, beta, k, norm2) -> float:
     """``|z|^2 e1^T log(T_k) e1`` for the ``k x k`` Lanczos tridiagonal ``T_k``."""
+    import scipy.linalg
+
     theta, vecs = scipy.linalg.eigh_tridiagonal(alpha[:k], beta[: k - 1])
     if theta[0] <= 0:
         raise ValueError(
@@ -272,6 +274,8 @@ def _eigsh_log_det(lh, pos, strategy, k: int, n_relevant: int):
     def kv(v):  # J^T F J v = (M - I) v, positive semi-definite
         v = np.asarray(v, dtype=flat.dtype).reshape(-1)
         return np.asarray(matvec(lh, pos, v), dtype=np.float64) - v
+
+    import scipy.sparse.linalg
 
     op = scipy.sparse.linalg.LinearOperator((n, n), matvec=kv, dtype=np.float64)  # pyright: ignore[reportCallIssue]
     lam = np.flip(np.sort(scipy.sparse.linalg.eigsh(op, k=k, which="LA", return_eigenvectors=False)))
