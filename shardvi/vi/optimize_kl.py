@@ -628,7 +628,8 @@ def optimize_kl(
         :data:`shardvi.parallel.REPRODUCIBLE_COMPILER_OPTIONS` and, on CPU,
         :data:`shardvi.parallel.CPU_COMPILER_OPTIONS` (LLVM optimization level
         1: ~0.7x the compile time; ``{"xla_backend_optimization_level": 3}``
-        restores XLA's default) (validated up front). E.g. ``{"xla_cpu_use_fusion_emitters": True}``: XLA:CPU's
+        restores XLA's default; XLA's while-loop-invariant code motion off
+        with CSE: ~0.8x) (validated up front). E.g. ``{"xla_cpu_use_fusion_emitters": True}``: XLA:CPU's
         default fusion emitters, ~10 % faster iterations for ~1.8x the peak
         memory (128^2 correlated field, ``BENCHMARKS.md``). Overriding
         ``xla_disable_hlo_passes`` gives up bitwise reproducibility across
