@@ -323,8 +323,8 @@ class CorrelatedField(Model):
         """``c`` on the full harmonic grid (FFT order), shape ``field_shape``: ``field = offset + H(c * xi)``."""
         if len(self.amplitudes) == 1:
             # one gather from the table [azm, a_k]: no product azm * ahat[index], whose JVP (a multiply-add over
-            # the grid) XLA:CPU contracts into an FMA in some programs and not in others (JitSharding's batched
-            # per-sample code against Vmap's), 1 ulp apart
+            # the grid) XLA:CPU contracts into an FMA in some programs and not in others (batched per-sample
+            # code against Vmap's unbatched code), 1 ulp apart
             return self._amplitude_table(xi)[jnp.asarray(self.amplitudes[0].grid.power_index)]
         azm = self.zero_mode_std(xi)
         out = azm
