@@ -40,6 +40,7 @@ from .field_split import field_split_chi2_sums, per_device, split_latent
 from .host_memory import keep_host_memory_low, release_host_memory
 from .kl import kl_metric, kl_value_and_grad
 from .likelihood import Likelihood
+from .lowered_cache import release_lowered_modules
 from .masks import parse_selection, project
 from .modes import SampleMode, SamplePlan, SampleSource, plan_samples, recorded_as
 from .precompile import Precompiler
@@ -184,6 +185,7 @@ class OptimizeVI:
         self._planned = set()  # iterations whose steps were submitted to it
         self._display = None  # the open progress display (inside run / update)
         self._seen_steps = set()  # (step, config, sample count) already run: compiled
+        self._called_steps = set()  # those whose first call has returned (dispatched)
         keep_host_memory_low()  # freed buffers back to the system (see .host_memory)
         self._build()
 
@@ -291,6 +293,16 @@ class OptimizeVI:
         if step is not None:
             self._ahead.claim(step)
 
+    def _called(self, step) -> None:
+        """After the call of ``step`` returned (its program may still run): after its first call, drop JAX's
+        lowered modules unless a step compiled ahead still waits for its call
+        (:func:`~shardvi.vi.lowered_cache.release_lowered_modules`: memory no process of a field split needs)."""
+        if step in self._called_steps:
+            return
+        self._called_steps.add(step)
+        if not self._ahead.pending():
+            release_lowered_modules()
+
     # -- compiling ahead -----------------------------------------------------------------------
     def _precompile_ahead(self, samples: Samples, state: OptimizeVIState) -> None:
         """Submit the steps of this iteration (all but the first, compiled by its call) and of the later ones.
@@ -390,6 +402,7 @@ class OptimizeVI:
             r, nl_nit, st, ok = self._curve(
                 self._split(pos), self._split(samples.residuals), self._expand(keys), signs, config=nonlin
             )
+            self._called(("curve", nonlin, n))
             check_sampling_finite(ok, st, iteration, "sampling (geoVI update)")
             nl_st = sample_status(
                 st,
@@ -406,6 +419,7 @@ class OptimizeVI:
         keys = samples.keys if plan.source is SampleSource.REUSE else jax.random.split(key, n)
         self._stage("MGVI sampling", ("draw", lin, n))
         r, cg_nit, st, ok = self._draw_linear(self._split(pos), keys, config=lin)
+        self._called(("draw", lin, n))
         check_sampling_finite(ok, st, iteration, "sampling (MGVI linear CG)")
         cg_st = sample_status(
             st,
@@ -423,6 +437,7 @@ class OptimizeVI:
             r, nl, st, ok = self._curve(
                 self._split(pos), self._split(r), self._expand(keys), self._signs(n), config=nonlin
             )
+            self._called(("curve", nonlin, n))
             check_sampling_finite(ok, st, iteration, "sampling (geoVI update)")
             nl_nit = np.asarray(nl).tolist()
             nl_st = sample_status(
@@ -471,10 +486,12 @@ class OptimizeVI:
         samples = self._place_samples(samples)  # pos, residuals and keys on the same devices
         self._stage("KL minimization", ("kl", klc, n))
         res, ok = self._minimize(self._split(samples.pos, True), self._split(samples.residuals, True), config=klc)
+        self._called(("kl", klc, n))
         check_kl_result(res.status, ok, nit)
         samples = samples.at(res.x)
         self._ahead.claim(("diagnostics", n))
         stats = self._diagnostics(self._split(samples.pos, True), self._split(samples.residuals, True))
+        self._called(("diagnostics", n))
         chi2_lh = reduced_chi2(stats[0]) if stats[0] is not None else None
         report = IterationReport(
             iteration=nit + 1,
