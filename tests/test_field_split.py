@@ -274,6 +274,13 @@ def test_data_of_a_mask_or_sampling_split_with_the_field(kind):
     else:
         lh = sv.Gaussian(d, noise_std=std)
     assert_split_equals_whole(lh, model, pos, d.shape)
+    # held on the grid on the host, read-only: only the strategy places them, each device its rows
+    split = lh.amend(model, field_blocks=4)
+    mask = np.zeros(N * N, bool)
+    mask[np.asarray(split.response.pixel_indices()).ravel()] = True
+    np.testing.assert_array_equal(split.observed, mask.reshape(N, N))
+    for a in (split.observed, *[x for x in jax.tree.leaves(split.likelihood) if np.ndim(x) == 2]):
+        assert type(a) is np.ndarray and a.shape == (N, N) and not a.flags.writeable
 
 
 def test_masked_data_bad_configurations_raise_clear_errors():

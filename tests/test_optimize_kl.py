@@ -1,16 +1,21 @@
 """optimize_kl: modes, callables, point estimates, constants, optax, no recompilation."""
 
+import gc
+import importlib
 import logging
+import weakref
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _small_problem import exp_problem
 
 import shardvi as sv
 from shardvi.compilation import CompileCounter
 
+_OKL = importlib.import_module("shardvi.vi.optimize_kl")  # the module (the package's attribute is the function)
 N = 8
 
 
@@ -250,3 +255,30 @@ def test_samples_api(lh):
     np.testing.assert_allclose(np.asarray(samples.mean()["a"]), np.asarray(samples.pos["a"]), atol=1e-14)
     moved = samples.at({"a": jnp.ones(N), "b": jnp.zeros(())})
     np.testing.assert_allclose(np.asarray(moved[0]["a"]), 1 + np.asarray(samples.residuals["a"][0]))
+
+
+def test_run_frees_the_last_iterations_samples_before_the_kl_step(monkeypatch):
+    """``run`` keeps no reference to an iteration's samples once the next ones are drawn: their residuals are
+    freed before the next KL step allocates (``linear_resample`` needs only the position)."""
+    lh, pos = exp_problem()
+    last = []  # weak references to the residuals each callback saw
+    alive_at_kl = []
+    real = _OKL.check_kl_result
+
+    def at_kl(*args):
+        gc.collect()
+        alive_at_kl.append([r() is not None for r in last])
+        return real(*args)
+
+    monkeypatch.setattr(_OKL, "check_kl_result", at_kl)
+    sv.optimize_kl(
+        lh,
+        pos,
+        key=jax.random.PRNGKey(5),
+        n_total_iterations=3,
+        n_samples=2,
+        sample_mode="linear_resample",
+        progress=False,
+        callback=lambda s, st: last.append(weakref.ref(s.residuals["a"])),
+    )
+    assert alive_at_kl == [[], [False], [False, False]], alive_at_kl

@@ -116,7 +116,7 @@ class FieldSplitLikelihood(AmendedLikelihood):
             likelihood = _likelihood_on_grid(likelihood, flat, grid_shape)
             observed = np.zeros(math.prod(grid_shape), bool)
             observed[flat.ravel()] = True
-            self.observed = jnp.asarray(observed.reshape(grid_shape))
+            self.observed = _host_grid(observed, grid_shape)
             self.response = response
             self.likelihood = likelihood
         rows = _grid_rows(likelihood)
@@ -463,8 +463,17 @@ def _find_pixel_response(likelihood: Likelihood, model):
     return resp
 
 
+def _host_grid(a: np.ndarray, grid_shape) -> np.ndarray:
+    """``a`` as a read-only host array of ``grid_shape``: the strategy places its rows on each device, no
+    whole-grid copy lands on the default device."""
+    a = a.reshape(grid_shape)
+    a.setflags(write=False)
+    return a
+
+
 def _likelihood_on_grid(likelihood: Likelihood, flat, grid_shape):
-    """``likelihood`` with its per-datum leaves scattered onto the grid (1 at unobserved pixels)."""
+    """``likelihood`` with its per-datum leaves scattered onto the grid (1 at unobserved pixels), held on the
+    host."""
     data_shape = flat.shape
     leaves, treedef = jtu.tree_flatten(likelihood)
 
@@ -483,9 +492,9 @@ def _likelihood_on_grid(likelihood: Likelihood, flat, grid_shape):
                 "every process: give them whole (only data on the grid, one value per pixel, can be split)"
             )
         x = np.asarray(x)
-        g = np.full(math.prod(grid_shape), UNOBSERVED, x.dtype)
+        g = np.full(math.prod(grid_shape), UNOBSERVED, jax.dtypes.canonicalize_dtype(x.dtype))
         g[flat.ravel()] = x.ravel()
-        return jnp.asarray(g.reshape(grid_shape))
+        return _host_grid(g, grid_shape)
 
     grid = jtu.tree_unflatten(treedef, [on_grid(x) for x in leaves])
     domain = jtu.tree_map(lambda d: jax.ShapeDtypeStruct(grid_shape, d.dtype), likelihood.domain)

@@ -474,6 +474,15 @@ class OptimizeVI:
     @_with_progress
     def update(self, samples: Samples, state: OptimizeVIState) -> tuple[Samples, OptimizeVIState]:
         """One global iteration: draw/update samples, then minimize the KL."""
+        return self._iterate([samples], state)
+
+    def _iterate(self, held: list, state: OptimizeVIState) -> tuple[Samples, OptimizeVIState]:
+        """:meth:`update` inside an open progress display, taking the samples out of ``held``.
+
+        Once the new samples are drawn the old ones have no reference left here: a caller that
+        kept none (:meth:`run`) frees their residuals before the KL step allocates.
+        """
+        samples = held.pop()
         t0 = time.perf_counter()
         nit = state.nit
         display = self._display
@@ -539,7 +548,9 @@ class OptimizeVI:
             lock = ckpt.checkpoint_lock(checkpoint_dir)
         with lock:
             while state.nit < self.n_total_iterations:
-                samples, state = self.update(samples, state)
+                held = [samples]  # the last iteration's residuals go once the new ones are drawn
+                del samples
+                samples, state = self._iterate(held, state)
                 if checkpoint_dir is not None:
                     self._stage("writing checkpoint")
                     ckpt.save_checkpoint(checkpoint_dir, samples, state, fingerprint=fingerprint)
