@@ -282,3 +282,15 @@ def test_run_frees_the_last_iterations_samples_before_the_kl_step(monkeypatch):
         callback=lambda s, st: last.append(weakref.ref(s.residuals["a"])),
     )
     assert alive_at_kl == [[], [False], [False, False]], alive_at_kl
+
+
+def test_the_likelihood_is_placed_once_when_both_strategies_place_alike():
+    """One placed copy of the likelihood's host arrays when the sampling and KL strategies are equal, one per
+    strategy when they differ (each on its own devices)."""
+    lh, _ = exp_problem()
+    same = sv.OptimizeVI(lh, 1, n_samples=1, sample_map="vmap", kl_map=sv.parallel.Vmap())
+    assert same._minimize.likelihood is same._draw_linear.likelihood
+    two = sv.parallel.ShardMap(devices=jax.devices()[:2])
+    mixed = sv.OptimizeVI(lh, 1, n_samples=2, sample_map=two, kl_map="vmap")
+    placed = [jax.tree.leaves(s.likelihood)[0] for s in (mixed._draw_linear, mixed._minimize)]
+    assert [len(a.sharding.device_set) for a in placed] == [2, 1]

@@ -257,7 +257,9 @@ class OptimizeVI:
         def ejit(fn, strategy):  # the small helpers with the same XLA options (one pipeline for all programs)
             return jax.jit(fn, compiler_options=engine_compiler_options(self.compiler_options, _platform(strategy)))
 
-        lh_s, lh_k = place(sstrat, self.likelihood), place(kstrat, self.likelihood)  # transferred once
+        # transferred once (and once only where both strategies place alike: no second copy of its host arrays)
+        lh_s = place(sstrat, self.likelihood)
+        lh_k = lh_s if kstrat == sstrat else place(kstrat, self.likelihood)
         self._draw_linear = _WithLikelihood(Placed(sstrat, rjit(draw_linear, sstrat)), lh_s)
         self._curve = _WithLikelihood(Placed(sstrat, rjit(curve, sstrat)), lh_s)
         self._minimize = _WithLikelihood(Placed(kstrat, rjit(minimize, kstrat)), lh_k)
