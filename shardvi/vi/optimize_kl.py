@@ -298,7 +298,7 @@ class OptimizeVI:
     def _called(self, step) -> None:
         """After the call of ``step`` returned (its program may still run): after its first call, drop JAX's
         lowered modules unless a step compiled ahead still waits for its call
-        (:func:`~shardvi.vi.lowered_cache.release_lowered_modules`: memory no process of a field split needs)."""
+        (:func:`~shardvi.vi.lowered_cache.release_lowered_modules`: no later call reads them)."""
         if step in self._called_steps:
             return
         self._called_steps.add(step)
