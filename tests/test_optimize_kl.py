@@ -257,31 +257,41 @@ def test_samples_api(lh):
     np.testing.assert_allclose(np.asarray(moved[0]["a"]), 1 + np.asarray(samples.residuals["a"][0]))
 
 
-def test_run_frees_the_last_iterations_samples_before_the_kl_step(monkeypatch):
+def test_run_frees_the_last_iterations_samples_before_the_kl_step(monkeypatch, tmp_path):
     """``run`` keeps no reference to an iteration's samples once the next ones are drawn: their residuals are
-    freed before the next KL step allocates (``linear_resample`` needs only the position)."""
+    freed before the next KL step allocates (``linear_resample`` needs only the position). Those of a checkpoint
+    that ``optimize_kl`` resumes too."""
     lh, pos = exp_problem()
-    last = []  # weak references to the residuals each callback saw
+    last = []  # weak references to the residuals each callback (or the checkpoint loader) handed out
     alive_at_kl = []
-    real = _OKL.check_kl_result
+    real_check, real_load = _OKL.check_kl_result, _OKL.ckpt.load_checkpoint
 
     def at_kl(*args):
         gc.collect()
         alive_at_kl.append([r() is not None for r in last])
-        return real(*args)
+        return real_check(*args)
+
+    def load(*args, **kwargs):
+        samples, state = real_load(*args, **kwargs)
+        last.append(weakref.ref(samples.residuals["a"]))
+        return samples, state
 
     monkeypatch.setattr(_OKL, "check_kl_result", at_kl)
-    sv.optimize_kl(
-        lh,
-        pos,
+    monkeypatch.setattr(_OKL.ckpt, "load_checkpoint", load)
+    kw = dict(
         key=jax.random.PRNGKey(5),
-        n_total_iterations=3,
         n_samples=2,
         sample_mode="linear_resample",
         progress=False,
         callback=lambda s, st: last.append(weakref.ref(s.residuals["a"])),
     )
+    sv.optimize_kl(lh, pos, n_total_iterations=3, **kw)
     assert alive_at_kl == [[], [False], [False, False]], alive_at_kl
+    ck = tmp_path / "ck"
+    sv.optimize_kl(lh, pos, n_total_iterations=1, checkpoint_dir=ck, **kw)
+    last.clear(), alive_at_kl.clear()
+    sv.optimize_kl(lh, pos, n_total_iterations=3, checkpoint_dir=ck, resume=True, **kw)
+    assert alive_at_kl == [[False], [False, False]], alive_at_kl  # the loaded samples first
 
 
 def test_the_likelihood_is_placed_once_when_both_strategies_place_alike():

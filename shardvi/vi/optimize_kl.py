@@ -103,6 +103,22 @@ def _with_progress(method):
     return wrapper
 
 
+class _Handover:
+    """Samples handed to :meth:`OptimizeVI.run` by a caller that keeps no reference to them
+    (:func:`optimize_kl`, e.g. those of a checkpoint it resumes): ``run`` takes them out, so they are freed
+    once the next iteration's samples replace them."""
+
+    __slots__ = ("samples",)
+
+    def __init__(self, samples: Samples):
+        self.samples = samples
+
+    def take(self) -> Samples:
+        samples, self.samples = self.samples, None
+        assert samples is not None, "handed over twice"
+        return samples
+
+
 class _WithLikelihood:
     """A compiled engine step whose first argument, the likelihood, is bound (and placed once).
 
@@ -542,6 +558,8 @@ class OptimizeVI:
         this optimizer and ``samples.pos``). Unlike :func:`optimize_kl`, this
         does not refuse a directory that holds another run's checkpoint.
         """
+        if isinstance(samples, _Handover):
+            samples = samples.take()
         lock = contextlib.nullcontext()
         if checkpoint_dir is not None:
             checkpoint_dir = ckpt.prepare_checkpoint_dir(checkpoint_dir)  # before iteration 0
@@ -735,7 +753,9 @@ def optimize_kl(
         if source is not None and checkpoint_dir is None:
             checkpoint_dir = source  # resume='dir' continues the run there
         if checkpoint_dir is None:
-            return opt.run(samples, state, callback=callback)
+            handover = _Handover(samples)
+            del samples
+            return opt.run(handover, state, callback=callback)  # pyright: ignore[reportArgumentType]
         directory = ckpt.prepare_checkpoint_dir(checkpoint_dir)  # before iteration 0: created and writable
         fingerprint = _run_fingerprint(opt, pos)
         with ckpt.checkpoint_lock(directory):  # held until the run ends (or raises)
@@ -764,7 +784,15 @@ def optimize_kl(
                     raise ckpt.CheckpointError(_refusal(directory))
                 else:
                     logger.warning("overwrite=True: a new run replaces the checkpoint in %s", directory)
-            return opt.run(samples, state, checkpoint_dir=directory, callback=callback, fingerprint=fingerprint)
+            handover = _Handover(samples)  # the loaded samples: freed once the next ones replace them
+            del samples
+            return opt.run(
+                handover,  # pyright: ignore[reportArgumentType]
+                state,
+                checkpoint_dir=directory,
+                callback=callback,
+                fingerprint=fingerprint,
+            )
 
 
 def _run_fingerprint(opt: OptimizeVI, pos) -> dict:
