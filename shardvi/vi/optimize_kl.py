@@ -104,9 +104,9 @@ def _with_progress(method):
 
 
 class _Handover:
-    """Samples handed to :meth:`OptimizeVI.run` by a caller that keeps no reference to them
-    (:func:`optimize_kl`, e.g. those of a checkpoint it resumes): ``run`` takes them out, so they are freed
-    once the next iteration's samples replace them."""
+    """Samples handed over by a caller that keeps no reference to them (``run`` to each iteration,
+    :func:`optimize_kl` to ``run``, e.g. those of a checkpoint it resumes): the receiver takes them out,
+    so they are freed once the next iteration's samples replace them."""
 
     __slots__ = ("samples",)
 
@@ -492,15 +492,15 @@ class OptimizeVI:
     @_with_progress
     def update(self, samples: Samples, state: OptimizeVIState) -> tuple[Samples, OptimizeVIState]:
         """One global iteration: draw/update samples, then minimize the KL."""
-        return self._iterate([samples], state)
+        return self._iterate(_Handover(samples), state)
 
-    def _iterate(self, held: list, state: OptimizeVIState) -> tuple[Samples, OptimizeVIState]:
-        """:meth:`update` inside an open progress display, taking the samples out of ``held``.
+    def _iterate(self, handover: _Handover, state: OptimizeVIState) -> tuple[Samples, OptimizeVIState]:
+        """:meth:`update` inside an open progress display, taking the samples out of ``handover``.
 
         Once the new samples are drawn the old ones have no reference left here: a caller that
         kept none (:meth:`run`) frees their residuals before the KL step allocates.
         """
-        samples = held.pop()
+        samples = handover.take()
         t0 = time.perf_counter()
         nit = state.nit
         display = self._display
@@ -568,9 +568,9 @@ class OptimizeVI:
             lock = ckpt.checkpoint_lock(checkpoint_dir)
         with lock:
             while state.nit < self.n_total_iterations:
-                held = [samples]  # the last iteration's residuals go once the new ones are drawn
+                handover = _Handover(samples)  # the last iteration's residuals go once the new ones are drawn
                 del samples
-                samples, state = self._iterate(held, state)
+                samples, state = self._iterate(handover, state)
                 if checkpoint_dir is not None:
                     self._stage("writing checkpoint")
                     ckpt.save_checkpoint(checkpoint_dir, samples, state, fingerprint=fingerprint)
