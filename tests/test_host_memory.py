@@ -39,6 +39,28 @@ print(json.dumps(dict(tuned=tuned, held=held, left=rss_mib() - start)))
 
 GLIBC = host_memory._glibc() is not None and sys.platform.startswith("linux")
 
+HEAPS_SCRIPT = r"""
+import ctypes, threading
+from shardvi.vi import host_memory as hm
+
+capped = hm.cap_heaps()
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+held, ready = [], threading.Barrier(8)
+
+def work():
+    ready.wait()  # all 8 threads alive at once: each would get a heap of its own
+    held.append(libc.malloc(4096))
+
+threads = [threading.Thread(target=work) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+libc.malloc_stats()  # one "Arena i:" section per heap, on stderr
+print(capped)
+"""
+
 
 def run(keep: bool) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "SHARDVI_KEEP_MALLOC"}
@@ -47,6 +69,24 @@ def run(keep: bool) -> dict:
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's mallopt / malloc_trim only")
+def test_threads_share_at_most_max_heaps():
+    """glibc gives each new thread a heap of its own (up to 8 per core); capped, 8 threads share 2."""
+
+    def heaps(keep: bool) -> tuple[int, str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("SHARDVI_KEEP_MALLOC", "MALLOC_ARENA_MAX")}
+        if keep:
+            env["SHARDVI_KEEP_MALLOC"] = "1"
+        out = subprocess.run([sys.executable, "-c", HEAPS_SCRIPT], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stderr.count("Arena "), out.stdout.strip().splitlines()[-1]
+
+    (default, set_default), (capped, set_capped) = heaps(keep=True), heaps(keep=False)
+    assert set_default == "False" and set_capped == "True"
+    assert capped <= host_memory.MAX_HEAPS, capped
+    assert default > host_memory.MAX_HEAPS + 1, default  # the main heap and one per thread
 
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's mallopt / malloc_trim only")
@@ -95,3 +135,51 @@ def test_release_trims_only_after_the_resident_set_grew(monkeypatch):
     rss[0] += 10 * host_memory.TRIM_AFTER_GROWTH
     host_memory.release_host_memory(force=True)  # the opt-out leaves the allocator alone
     assert len(trims) == 3
+
+
+def test_the_engine_trims_after_each_steps_first_call(monkeypatch):
+    """A step compiled by its call leaves the compiler's freed work memory in the heaps: the engine returns it
+    right after that call (while the program runs), besides the trim before each stage; later calls add none."""
+    import importlib
+
+    import jax
+    from _small_problem import exp_problem
+
+    import shardvi as sv
+    from shardvi.compilation import CompileCounter
+
+    okl = importlib.import_module("shardvi.vi.optimize_kl")
+    events = []
+    cc = CompileCounter()
+    monkeypatch.setattr(okl, "release_host_memory", lambda: events.append(("trim", cc.count)))
+    real_stage, real_called = okl.OptimizeVI._stage, okl.OptimizeVI._called
+
+    def stage(self, name, step=None):
+        events.append(("stage", name))
+        return real_stage(self, name, step)
+
+    def called(self, step):
+        events.append(("called", step[0], step not in self._called_steps, cc.count))
+        return real_called(self, step)
+
+    monkeypatch.setattr(okl.OptimizeVI, "_stage", stage)
+    monkeypatch.setattr(okl.OptimizeVI, "_called", called)
+    lh, pos = exp_problem()
+    with cc:
+        sv.optimize_kl(
+            lh,
+            pos,
+            key=jax.random.PRNGKey(4),
+            n_total_iterations=2,
+            n_samples=1,
+            kl_minimization=sv.NewtonCGConfig(maxiter=2),
+            precompile=False,  # every step compiles in its own call
+            progress=False,
+        )
+    firsts = [i for i, e in enumerate(events) if e[0] == "called" and e[2]]
+    assert {events[i][1] for i in firsts} == {"draw", "curve", "kl", "diagnostics"}, events
+    for i in firsts:
+        assert events[i + 1] == ("trim", events[i][3]), events  # right after the call that compiled the step
+    assert all(events[i - 1][0] == "stage" for i, e in enumerate(events) if e[0] == "trim" and i - 1 not in firsts)
+    trims = sum(e[0] == "trim" for e in events)
+    assert trims == len(firsts) + sum(e[0] == "stage" for e in events), events  # repeated calls add none

@@ -6,6 +6,7 @@ transpose of the distributed transform (dot tests).
 """
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -107,6 +108,28 @@ def test_slab_grid_axes_other_than_the_leading_ones():
 
 def _vdot(a, b):
     return float(np.sum(np.asarray(a) * np.asarray(b)))
+
+
+def test_slab_hartley_moves_real_data_back():
+    """The second ``all_to_all`` of the slab Hartley transform (and of its transpose) carries ``Re + Im``
+    (real, half the bytes of the complex transform); the first carries the complex partial transform."""
+    x = jnp.asarray(np.random.default_rng(2).normal(size=(8, 12)))
+
+    def exchanged(fn):
+        jaxpr = jax.make_jaxpr(jax.shard_map(fn, mesh=mesh(4), in_specs=P(AX), out_specs=P(AX), check_vma=False))(x)
+        found = []
+
+        def walk(jx):
+            found.extend(str(e.invars[0].aval.dtype) for e in jx.eqns if e.primitive.name == "all_to_all")
+            for sub in jax.extend.core.subjaxprs(jx):  # the shard_map's body
+                walk(sub)
+
+        walk(jaxpr.jaxpr)
+        return found
+
+    assert exchanged(lambda a: slab_hartley(a, axis_name=AX)) == ["complex128", "float64"]
+    transposed = exchanged(lambda b: jax.linear_transpose(lambda a: slab_hartley(a, axis_name=AX), b)(b)[0])
+    assert transposed == ["float64", "complex128"], transposed
 
 
 @pytest.mark.parametrize("p", [2, 4])

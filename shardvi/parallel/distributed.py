@@ -78,6 +78,9 @@ def initialize_distributed(
     _check_int(initialization_timeout, "initialization_timeout", 1)
     if bind_address is not None and (not isinstance(bind_address, str) or not _ADDRESS.match(bind_address)):
         raise ValueError(f"bind_address must be 'host:port', got {bind_address!r}")
+    from shardvi.vi.host_memory import cap_heaps  # here: the parallel package does not import the engine
+
+    cap_heaps()  # before JAX starts its threads (see there)
     try:
         if platform is not None:
             jax.config.update("jax_platforms", platform)

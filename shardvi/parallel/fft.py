@@ -64,7 +64,7 @@ def normalize_axes(ndim: int, axes) -> tuple[int, ...]:
     return out
 
 
-def slab_passes(x, axes: tuple, axis_name: str, n_dev: int):
+def slab_passes(x, axes: tuple, axis_name: str, n_dev: int, hartley: bool = False):
     """The DFT over ``axes`` of a slab split along ``axes[0]`` over mesh axis ``axis_name`` (``n_dev`` devices).
 
     Local FFTs over ``axes[1:]``, an ``all_to_all`` that gathers ``axes[0]`` and splits
@@ -72,13 +72,19 @@ def slab_passes(x, axes: tuple, axis_name: str, n_dev: int):
     ``shard_map`` or a partitioned program where ``axis_name`` is manual; see
     :mod:`shardvi.parallel.slab`. On one device (``n_dev`` 1) the same passes by :func:`fftn`
     (bitwise the plain FFTs), which GSPMD keeps split along batch axes.
+
+    ``hartley``: return ``Re + Im`` of the transform (real), formed before the ``all_to_all`` back,
+    which then moves half the bytes (the same values: the sum is taken per entry either way).
     """
     a0, a1 = axes[0], axes[1]
     if n_dev == 1:  # the whole grid: under jit, a batch of grids stays split over the devices (fftn)
-        return fftn(fftn(x, axes[1:]), (a0,))
+        y = fftn(fftn(x, axes[1:]), (a0,))
+        return y.real + y.imag if hartley else y
     x = jnp.fft.fftn(x, axes=axes[1:])
     x = jax.lax.all_to_all(x, axis_name, split_axis=a1, concat_axis=a0, tiled=True)
     x = jnp.fft.fft(x, axis=a0)
+    if hartley:
+        x = x.real + x.imag
     return jax.lax.all_to_all(x, axis_name, split_axis=a0, concat_axis=a1, tiled=True)
 
 

@@ -133,8 +133,14 @@ def slab_hartley(x, axes: Sequence[int] | None = None, *, axis_name: str | None 
     shape and dtype; applied twice it gives ``N x`` (``N`` the number of grid pixels).
     """
     x = _real(x)
-    y = slab_fftn(x.astype(jnp.result_type(x.dtype, jnp.complex64)), axes, axis_name=axis_name)
-    return (y.real + y.imag).astype(x.dtype)
+    xc = x.astype(jnp.result_type(x.dtype, jnp.complex64))
+    if axis_name is None:
+        y = slab_fftn(xc, axes)
+        return (y.real + y.imag).astype(x.dtype)
+    ax = normalize_axes(jnp.ndim(x), axes)
+    n_dev = mapped_axis_size(axis_name)
+    _check_split(x, ax, n_dev, axis_name)
+    return slab_passes(xc, ax, axis_name, n_dev, hartley=True).astype(x.dtype)
 
 
 def layout_hartley(x, layout, axes: Sequence[int] | None = None):
@@ -147,5 +153,5 @@ def layout_hartley(x, layout, axes: Sequence[int] | None = None):
     x = _real(x)
     ax = normalize_axes(jnp.ndim(x), axes)
     _check_split(x, ax, layout.shards, layout.axis)
-    y = slab_passes(x.astype(jnp.result_type(x.dtype, jnp.complex64)), ax, layout.axis, layout.shards)
-    return (y.real + y.imag).astype(x.dtype)
+    y = slab_passes(x.astype(jnp.result_type(x.dtype, jnp.complex64)), ax, layout.axis, layout.shards, hartley=True)
+    return y.astype(x.dtype)

@@ -16,12 +16,15 @@ steps' compiles at 256²).
 
 :func:`keep_host_memory_low` (called when :class:`~shardvi.vi.optimize_kl.OptimizeVI`
 is built) fixes the threshold at :data:`MMAP_THRESHOLD` (requests of 1 MiB and
-more get their own mapping), and :func:`release_host_memory` (called before each
-stage of an iteration) returns the heaps' free pages (``malloc_trim``) when the
-resident set grew since it last did. Neither
+more get their own mapping), :func:`cap_heaps` (also called by
+:func:`~shardvi.parallel.initialize_distributed`, before JAX starts its threads)
+lets the threads share at most :data:`MAX_HEAPS` heaps, and
+:func:`release_host_memory` (called before each stage of an iteration and after
+the call that compiled a step) returns the heaps' free pages (``malloc_trim``)
+when the resident set grew since it last did. None of them
 changes a result: they decide where buffers live, not what is computed. Set
 ``SHARDVI_KEEP_MALLOC`` (non-empty) to leave the allocator as it is; on a C
-library without these calls (not glibc) both do nothing.
+library without these calls (not glibc) they do nothing.
 """
 
 from __future__ import annotations
@@ -31,7 +34,14 @@ import ctypes.util
 import functools
 import os
 
-__all__ = ["MMAP_THRESHOLD", "TRIM_AFTER_GROWTH", "keep_host_memory_low", "release_host_memory"]
+__all__ = [
+    "MAX_HEAPS",
+    "MMAP_THRESHOLD",
+    "TRIM_AFTER_GROWTH",
+    "cap_heaps",
+    "keep_host_memory_low",
+    "release_host_memory",
+]
 
 #: bytes: requests of at least this size are mapped on their own (freed: returned to the system)
 MMAP_THRESHOLD = 1 << 20
@@ -57,10 +67,35 @@ def _enabled() -> bool:
 
 @functools.cache
 def keep_host_memory_low() -> bool:
-    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD` (once per process); ``True`` if it was set."""
+    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD` and cap its heaps (:func:`cap_heaps`), once per
+    process; ``True`` if the threshold was set."""
     if not _enabled():
         return False
+    cap_heaps()
     return bool(_glibc().mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))  # pyright: ignore[reportOptionalMemberAccess]
+
+
+#: glibc heaps ("arenas") that the threads of a process may create at most (:func:`cap_heaps`)
+MAX_HEAPS = 2
+_M_ARENA_MAX = -8  # glibc's mallopt parameter number (malloc.h)
+
+
+@functools.cache
+def cap_heaps() -> bool:
+    """Let the threads of this process create at most :data:`MAX_HEAPS` glibc heaps (once per process).
+
+    glibc gives a thread that finds the heaps in use a heap of its own, up to 8 per core; each keeps
+    the pages freed in it. XLA runs a program on a thread pool and compiles on others, so a process
+    ends up with many heaps that each hold freed pages (the 16-core machine of BENCHMARKS.md: a field
+    split over 4 processes held 0.43 of one process's memory per process with the default, 0.35 with
+    2 heaps, and ran faster). It acts on heaps created after the call: call it before JAX starts its
+    runtime (:func:`~shardvi.parallel.initialize_distributed` does) for the whole effect. The same as
+    the environment variable ``MALLOC_ARENA_MAX=2``; ``SHARDVI_KEEP_MALLOC`` (non-empty) leaves it.
+    ``True`` if the cap was set.
+    """
+    if not _enabled():
+        return False
+    return bool(_glibc().mallopt(_M_ARENA_MAX, MAX_HEAPS))  # pyright: ignore[reportOptionalMemberAccess]
 
 
 #: bytes: :func:`release_host_memory` trims only after the resident set grew this much since it last did
