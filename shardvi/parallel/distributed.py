@@ -39,7 +39,9 @@ def initialize_distributed(
 ) -> None:
     """Join a multi-process JAX runtime (wraps ``jax.distributed.initialize``).
 
-    Call it first thing in every process, before any JAX computation.
+    Call it first thing in every process, before any JAX computation. On glibc it also caps the
+    process's malloc heaps at two before JAX starts its threads
+    (:func:`shardvi.vi.host_memory.cap_heaps`; ``SHARDVI_KEEP_MALLOC=1`` leaves the allocator as it is).
 
     Parameters
     ----------
