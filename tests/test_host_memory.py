@@ -1,4 +1,4 @@
-"""``shardvi.vi.host_memory``: freed buffers of a few MiB go back to the system (glibc), in fresh processes.
+"""``shardvi.host_memory``: freed buffers of a few MiB go back to the system (glibc), in fresh processes.
 
 The allocation pattern of an engine step on a device's slab of a field split: a
 16 MiB buffer freed (glibc then raises its mmap threshold to 16 MiB), then 32
@@ -14,12 +14,12 @@ import sys
 
 import pytest
 
-from shardvi.vi import host_memory
+from shardvi import host_memory
 
 SCRIPT = r"""
 import json, os
 import numpy as np
-from shardvi.vi import host_memory as hm
+from shardvi import host_memory as hm
 
 def rss_mib():
     with open("/proc/self/statm") as f:
@@ -41,7 +41,7 @@ GLIBC = host_memory._glibc() is not None and sys.platform.startswith("linux")
 
 HEAPS_SCRIPT = r"""
 import ctypes, threading
-from shardvi.vi import host_memory as hm
+from shardvi import host_memory as hm
 
 capped = hm.cap_heaps()
 libc = ctypes.CDLL(None)

@@ -17,6 +17,8 @@ import re
 
 import jax
 
+from ..host_memory import cap_heaps
+
 __all__ = ["initialize_distributed", "shutdown_distributed", "is_distributed"]
 
 _ADDRESS = re.compile(r"^[\w.\-\[\]:]+:\d+$")
@@ -41,7 +43,7 @@ def initialize_distributed(
 
     Call it first thing in every process, before any JAX computation. On glibc it also caps the
     process's malloc heaps at two before JAX starts its threads
-    (:func:`shardvi.vi.host_memory.cap_heaps`; ``SHARDVI_KEEP_MALLOC=1`` leaves the allocator as it is).
+    (:func:`shardvi.host_memory.cap_heaps`; ``SHARDVI_KEEP_MALLOC=1`` leaves the allocator as it is).
 
     Parameters
     ----------
@@ -80,8 +82,6 @@ def initialize_distributed(
     _check_int(initialization_timeout, "initialization_timeout", 1)
     if bind_address is not None and (not isinstance(bind_address, str) or not _ADDRESS.match(bind_address)):
         raise ValueError(f"bind_address must be 'host:port', got {bind_address!r}")
-    from shardvi.vi.host_memory import cap_heaps  # here: the parallel package does not import the engine
-
     cap_heaps()  # before JAX starts its threads (see there)
     try:
         if platform is not None:

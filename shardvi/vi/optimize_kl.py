@@ -16,6 +16,7 @@ from jax import tree_util as jtu
 
 from .. import tree_math as tm
 from ..compile_cache import persistent_compilation_cache
+from ..host_memory import keep_host_memory_low, release_host_memory
 from ..minimizers.config import CGConfig, NewtonCGConfig
 from ..minimizers.minimizer import Minimizer
 from ..minimizers.solution import Solution
@@ -37,7 +38,6 @@ from .errors import (
     check_sampling_finite,
 )
 from .field_split import field_split_chi2_sums, per_device, split_latent
-from .host_memory import keep_host_memory_low, release_host_memory
 from .kl import kl_metric, kl_value_and_grad
 from .likelihood import Likelihood
 from .lowered_cache import release_lowered_modules
@@ -202,7 +202,7 @@ class OptimizeVI:
         self._display = None  # the open progress display (inside run / update)
         self._seen_steps = set()  # (step, config, sample count) already run: compiled
         self._called_steps = set()  # those whose first call has returned (dispatched)
-        keep_host_memory_low()  # freed buffers back to the system (see .host_memory)
+        keep_host_memory_low()  # freed buffers back to the system (see shardvi.host_memory)
         self._build()
 
     # -- compiled pieces -----------------------------------------------------------------------
