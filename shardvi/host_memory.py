@@ -87,7 +87,7 @@ def cap_heaps() -> bool:
     glibc gives a thread that finds the heaps in use a heap of its own, up to 8 per core; each keeps
     the pages freed in it. XLA runs a program on a thread pool and compiles on others, so a process
     ends up with many heaps that each hold freed pages (the 16-core machine of BENCHMARKS.md: a field
-    split over 4 processes held 0.43 of one process's memory per process with the default, 0.35 with
+    split over 4 processes held 0.39 of one process's memory per process with the default, 0.35 with
     2 heaps, and ran faster). It acts on heaps created after the call: call it before JAX starts its
     runtime (:func:`~shardvi.parallel.initialize_distributed` does) for the whole effect. The same as
     the environment variable ``MALLOC_ARENA_MAX=2``; ``SHARDVI_KEEP_MALLOC`` (non-empty) leaves it.
