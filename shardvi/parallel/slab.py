@@ -86,15 +86,21 @@ def slab_fftn(x, axes: Sequence[int] | None = None, *, axis_name: str | None = N
         mapped over here.
     """
     ax = normalize_axes(jnp.ndim(x), axes)
-    n_dev = 1
-    if axis_name is not None:
-        n_dev = mapped_axis_size(axis_name)
-        _check_split(x, ax, n_dev, axis_name)
+    n_dev = _slab_devices(x, ax, axis_name)
     if not inverse:
         return _forward(x, ax, axis_name, n_dev)
     # the inverse from the same forward transform (both layouts alike): conj(F conj(x)) / N
     n = math.prod(x.shape[a] for a in ax) * n_dev
     return jnp.conj(_forward(jnp.conj(x), ax, axis_name, n_dev)) / n
+
+
+def _slab_devices(x, ax, axis_name) -> int:
+    """Devices along ``axis_name`` (1 without one), checked to split ``x``'s grid ``ax`` into slabs."""
+    if axis_name is None:
+        return 1
+    n_dev = mapped_axis_size(axis_name)
+    _check_split(x, ax, n_dev, axis_name)
+    return n_dev
 
 
 def _check_split(x, ax, n_dev, axis_name):
@@ -119,10 +125,12 @@ def _real(x):
     return x
 
 
-def _forward(x, ax, axis_name, n_dev):
+def _forward(x, ax, axis_name, n_dev, hartley: bool = False):
+    """The DFT (``hartley``: its ``Re + Im``, see :func:`~shardvi.parallel.fft.slab_passes`)."""
     if axis_name is None:  # split along other (batch) axes under jit: each device its own part (.fft)
-        return fftn(x, ax)
-    return slab_passes(x, ax, axis_name, n_dev)  # steps 1-4 above
+        y = fftn(x, ax)
+        return y.real + y.imag if hartley else y
+    return slab_passes(x, ax, axis_name, n_dev, hartley=hartley)  # steps 1-4 above
 
 
 def slab_hartley(x, axes: Sequence[int] | None = None, *, axis_name: str | None = None):
@@ -133,14 +141,10 @@ def slab_hartley(x, axes: Sequence[int] | None = None, *, axis_name: str | None 
     shape and dtype; applied twice it gives ``N x`` (``N`` the number of grid pixels).
     """
     x = _real(x)
-    xc = x.astype(jnp.result_type(x.dtype, jnp.complex64))
-    if axis_name is None:
-        y = slab_fftn(xc, axes)
-        return (y.real + y.imag).astype(x.dtype)
     ax = normalize_axes(jnp.ndim(x), axes)
-    n_dev = mapped_axis_size(axis_name)
-    _check_split(x, ax, n_dev, axis_name)
-    return slab_passes(xc, ax, axis_name, n_dev, hartley=True).astype(x.dtype)
+    n_dev = _slab_devices(x, ax, axis_name)
+    y = _forward(x.astype(jnp.result_type(x.dtype, jnp.complex64)), ax, axis_name, n_dev, hartley=True)
+    return y.astype(x.dtype)
 
 
 def layout_hartley(x, layout, axes: Sequence[int] | None = None):
