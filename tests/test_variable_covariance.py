@@ -1,9 +1,10 @@
 """Variable-covariance likelihoods: the noise level is part of the signal ``(mean, std)``.
 
 ``VariableCovarianceStudentT`` against ``scipy.stats.t``; both Fisher metrics against the expected
-outer product of the score (``scipy.integrate.quad``); transformations, square roots (dot tests),
-pytree data for ``VariableCovarianceGaussian`` against the concatenated single array, blocked data,
-an ``optimize_kl`` run that recovers a noise level from data with outliers, and bad inputs.
+outer product of the score (``scipy.integrate.quad``); the geoVI coordinates' metric at and around
+the expansion point and the global transformation, square roots (dot tests), pytree data for
+``VariableCovarianceGaussian`` against the concatenated single array, blocked data, an
+``optimize_kl`` run that recovers a noise level from data with outliers, and bad inputs.
 """
 
 from __future__ import annotations
@@ -207,41 +208,102 @@ def test_metric_closed_form_signal_and_latent_space(kind):
         np.testing.assert_allclose(op_xi, expected, rtol=1e-12, atol=1e-12 * np.abs(expected).max())
 
 
-@pytest.mark.parametrize("kind", ["student_t", "gauss"])
-def test_transformation_reproduces_the_metric_up_to_the_cross_terms(kind):
+def _gram(transformation, s):
+    """``J^T J`` of ``transformation`` (on the flat real ``s``) at ``s``: the metric it pulls back."""
+    flat, unravel = ravel_pytree(s)
+    jt = np.asarray(jax.jacfwd(lambda v: ravel_pytree(transformation(unravel(v)))[0])(flat))
+    return jt.T @ jt
+
+
+def _location_scale(kind):
+    """``(likelihood, a, b)``: ``std`` times the square roots of its Fisher metric's entries, per datum."""
     if kind == "student_t":
-        lh = VariableCovarianceStudentT(DATA, DOF_ARR)
-        a2 = (DOF_ARR + 1) / (DOF_ARR + 3)
-        fisher = functools.partial(fisher_st, dof=DOF_ARR)
-    else:
-        lh = VariableCovarianceGaussian(DATA)
-        a2 = np.ones(M)
-        fisher = fisher_gauss
-    assert lh.has_transformation and not lh._lsm_from_transformation  # the square root is not (dT/ds)^T
-    mean, std = (np.asarray(v) for v in VC_MODEL(XI1))
-
-    def jt_at(mean, std):  # Jacobian of T on flat (mean, std)
-        return np.asarray(
-            jax.jacfwd(lambda v: ravel_pytree(lh.transformation((v[:M], v[M:])))[0])(jnp.concatenate([mean, std]))
+        return (
+            VariableCovarianceStudentT(DATA, DOF_ARR),
+            np.sqrt((DOF_ARR + 1) / (DOF_ARR + 3)),
+            np.sqrt(2 * DOF_ARR / (DOF_ARR + 3)),
         )
+    return VariableCovarianceGaussian(DATA), np.ones(M), np.full(M, np.sqrt(2.0))
 
-    jt = jt_at(mean, std)
-    jtj = jt.T @ jt
-    f = fisher(mean, std)
-    # the diagonal terms: mean-mean exact, std-std exact up to a^2 mean^2 / std^4
-    np.testing.assert_allclose(np.diag(jtj)[:M], np.diag(f)[:M], rtol=1e-13)
-    np.testing.assert_allclose(np.diag(jtj)[M:], np.diag(f)[M:] + a2 * mean**2 / std**4, rtol=1e-13)
-    cross = np.block(
-        [
-            [np.zeros((M, M)), np.diag(-a2 * mean / std**3)],
-            [np.diag(-a2 * mean / std**3), np.diag(a2 * mean**2 / std**4)],
-        ]
+
+def _expansion_points():
+    """``(mean, std)`` at the model's points, with ``|mean| >> std``, ``|mean| << std`` and extreme scales."""
+    rng = np.random.default_rng(3)
+    points = [tuple(np.asarray(v) for v in VC_MODEL(xi)) for xi in (XI1, XI2)]
+    std = np.exp(rng.normal(size=M))
+    points += [(1e3 * std * rng.choice([-1, 1], M), std), (1e-3 * std * rng.normal(size=M), std)]
+    points += [(rng.normal(size=M) * 1e4, np.full(M, 1e-3)), (rng.normal(size=M) * 1e-4, np.full(M, 1e3))]
+    return points
+
+
+@pytest.mark.parametrize("kind", ["student_t", "gauss"])
+def test_geovi_coordinates_reproduce_the_metric_and_its_slope_at_the_expansion_point(kind):
+    """The Jacobian of ``transformation_at(s_bar)`` pulls back exactly ``F(s_bar)`` (for any mean, std).
+
+    Its first derivatives match too: the map's errors are of second order in the distance from ``s_bar``.
+    """
+    lh, a, b = _location_scale(kind)
+
+    def fisher(flat):  # closed form on flat (mean, std), differentiable
+        return jnp.diag(jnp.concatenate([a**2 / flat[M:] ** 2, b**2 / flat[M:] ** 2]))
+
+    for mean, std in _expansion_points():
+        s_bar = (jnp.asarray(mean), jnp.asarray(std))
+        t = lh.transformation_at(s_bar)
+        g = _gram(t, s_bar)
+        f = np.asarray(fisher(jnp.concatenate(s_bar)))
+        # exact to rounding: the cross terms vanish at the expansion point
+        np.testing.assert_allclose(g, f, rtol=1e-13, atol=1e-13 * np.abs(f).max())
+
+        def gram_flat(v):
+            jt = jax.jacfwd(lambda u: ravel_pytree(t((u[:M], u[M:])))[0])(v)
+            return jt.T @ jt
+
+        flat = jnp.concatenate(s_bar)
+        slope, want = np.asarray(jax.jacfwd(gram_flat)(flat)), np.asarray(jax.jacfwd(fisher)(flat))
+        np.testing.assert_allclose(slope, want, rtol=1e-10, atol=1e-10 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("kind", ["student_t", "gauss"])
+def test_geovi_coordinates_away_from_the_expansion_point_have_the_stated_metric(kind):
+    """Away from ``s_bar``: the closed-form Gram matrix of the docstring, with ``det G = det F`` exactly."""
+    lh, a, b = _location_scale(kind)
+    mean_bar, std = (np.asarray(v) for v in VC_MODEL(XI1))
+    t = lh.transformation_at((jnp.asarray(mean_bar), jnp.asarray(std)))
+    for delta in (0.3, -1.0, 2.5):
+        mean = mean_bar + delta * std
+        g = _gram(t, (jnp.asarray(mean), jnp.asarray(std)))
+        a2, a4b2 = a**2, a**4 / b**2
+        want = (
+            np.block(
+                [
+                    [np.diag(a2 + a4b2 * delta**2), np.diag(-a4b2 * delta**3)],
+                    [np.diag(-a4b2 * delta**3), np.diag(b**2 - a2 * delta**2 + a4b2 * delta**4)],
+                ]
+            )
+            / np.concatenate([std, std]) ** 2
+        )
+        np.testing.assert_allclose(g, want, rtol=1e-12, atol=1e-12 * np.abs(want).max())
+        det_g = np.diag(g)[:M] * np.diag(g)[M:] - np.diag(g[:M, M:]) ** 2
+        np.testing.assert_allclose(det_g, (a * b) ** 2 / std**4, rtol=1e-11)
+
+
+@pytest.mark.parametrize("kind", ["student_t", "gauss"])
+def test_global_transformation_is_the_residual_map(kind):
+    """``transformation`` = ``(a (mean - d)/std, b log std)``: cross terms ``-a^2 r``, ``a^2 r^2`` in the
+    normalized residual ``r``; exact where the model fits the data."""
+    lh, a, b = _location_scale(kind)
+    mean, std = (np.asarray(v) for v in VC_MODEL(XI1))
+    r = (mean - DATA) / std
+    g = _gram(lh.transformation, (jnp.asarray(mean), jnp.asarray(std)))
+    want = (
+        np.block([[np.diag(a**2), np.diag(-(a**2) * r)], [np.diag(-(a**2) * r), np.diag(b**2 + a**2 * r**2)]])
+        / np.concatenate([std, std]) ** 2
     )
-    np.testing.assert_allclose(jtj, f + cross, rtol=1e-12, atol=1e-13)
-    # exact where the mean vanishes
-    zero = np.zeros(M)
-    jt0 = jt_at(zero, std)
-    np.testing.assert_allclose(jt0.T @ jt0, fisher(zero, std), rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(g, want, rtol=1e-12, atol=1e-12 * np.abs(want).max())
+    at_data = _gram(lh.transformation, (jnp.asarray(DATA), jnp.asarray(std)))
+    f = np.diag(np.concatenate([a**2, b**2]) / np.concatenate([std, std]) ** 2)
+    np.testing.assert_allclose(at_data, f, rtol=1e-13, atol=1e-13 * np.abs(f).max())
 
 
 @pytest.mark.parametrize("kind", ["student_t", "gauss"])
@@ -422,11 +484,12 @@ def test_blocked_equals_unblocked(kind):
         if all_ops:
             e1 = [tm.random_like(jax.random.fold_in(key, b), shape) for b in range(blocked.n_blocks)]
             e1 = jax.tree.map(lambda *p: jnp.concatenate(p), *e1)
-            xbar, vjp = jax.vjp(full.transformation, x)
+            geovi_t = full.transformation_at(x)
+            xbar, vjp = jax.vjp(geovi_t, x)
             got += [blocked.left_sqrt_metric(x, key), blocked.geovi_operators(x)[0](t), blocked.chi2_sum(x)[0]]
             want += [
                 full.left_sqrt_metric(x, e1),
-                tm.linear_adjoint(vjp)(tm.sub(full.transformation(tm.add(x, t)), xbar)),
+                tm.linear_adjoint(vjp)(tm.sub(geovi_t(tm.add(x, t)), xbar)),
                 sum(jnp.sum(r**2) for r in jax.tree.leaves(full.normalized_residual(x))),
             ]
         return got, want

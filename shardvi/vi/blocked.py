@@ -36,7 +36,13 @@ from .. import tree_math as tm
 from ..models.model import Model
 from ..parallel.blocks import block_sum
 from .diagnostics import _real_dof
-from .likelihood import AmendedLikelihood, Likelihood, _check_model_matches_data, register_blocked_class
+from .likelihood import (
+    AmendedLikelihood,
+    Likelihood,
+    _check_model_matches_data,
+    pulled_back_transformation_at,
+    register_blocked_class,
+)
 
 __all__ = ["BlockedLikelihood", "assemble_process_blocks"]
 
@@ -180,9 +186,10 @@ class BlockedLikelihood(Likelihood):
     def _signal(self, blk, xi):
         return self.model.call(xi, blk["inputs"])
 
-    def _x(self, blk, xi):
-        """``x_b = T_b(s_b(xi))``: block ``b``'s transformation."""
-        return blk["likelihood"].transformation(self._signal(blk, xi))
+    def _x_at(self, blk, xi_bar):
+        """``xi -> T_b(s_b(xi))``: block ``b``'s coordinates around ``s_b(xi_bar)`` (its ``transformation_at``)."""
+        t = pulled_back_transformation_at(blk["likelihood"], lambda: self._signal(blk, xi_bar))
+        return lambda xi: t(self._signal(blk, xi))
 
     def _local_blocks(self):
         """The blocks this device holds with a leading block axis: ``(b, N_local / b, ...)``; scalars ``(b,)``."""
@@ -248,22 +255,23 @@ class BlockedLikelihood(Likelihood):
         """``(phi, phi_jvp, phi_vjp)`` of the geoVI map ``phi(r) = Jbar^T (x(pos + r) - x(pos))``.
 
         ``phi_jvp(r, v) = Jbar^T J_x(pos + r) v`` and ``phi_vjp(r, w) = J_x(pos + r)^T Jbar w``,
-        each a sum over blocks (``x = T(s)``, ``Jbar`` its Jacobian at ``pos``).
+        each a sum over blocks (``x = T(s)`` with ``T`` each block's ``transformation_at`` its signal at
+        ``pos``, ``Jbar`` its Jacobian at ``pos``).
         """
 
         def phi(blk, p, r):
-            xb = functools.partial(self._x, blk)
+            xb = self._x_at(blk, p)
             x_bar, vjp = jax.vjp(xb, p)
             return tm.linear_adjoint(vjp)(tm.sub(xb(tm.add(p, r)), x_bar))
 
         def phi_jvp(blk, p, r, v):
-            xb = functools.partial(self._x, blk)
+            xb = self._x_at(blk, p)
             _, jv = jax.jvp(xb, (tm.add(p, r),), (v,))
             _, vjp = jax.vjp(xb, p)
             return tm.linear_adjoint(vjp)(jv)
 
         def phi_vjp(blk, p, r, w):
-            xb = functools.partial(self._x, blk)
+            xb = self._x_at(blk, p)
             _, jw = jax.jvp(xb, (p,), (w,))
             _, vjp = jax.vjp(xb, tm.add(p, r))
             return tm.linear_adjoint(vjp)(jw)

@@ -185,6 +185,11 @@ class FieldSplitLikelihood(AmendedLikelihood):
         v = self.per_device()
         return self._to_data(whole(v.transformation(v.local(xi))))
 
+    def transformation_at(self, xi_bar):
+        v = self.per_device()
+        t = v.transformation_at(v.local(xi_bar))
+        return lambda xi: self._to_data(whole(t(v.local(xi))))
+
     def metric_operator(self, xi):
         v = self.per_device()
         op = v.metric_operator(v.local(xi))

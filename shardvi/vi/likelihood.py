@@ -64,6 +64,17 @@ def _overrides(obj, name: str) -> bool:
     return getattr(type(obj), name) is not getattr(Likelihood, name)
 
 
+def pulled_back_transformation_at(likelihood, signal_bar: Callable) -> Callable:
+    """``likelihood.transformation_at(signal_bar())``, or its global ``transformation`` where it has no local one.
+
+    For a likelihood on a model's output: ``signal_bar`` evaluates the model at the expansion
+    point, which only a likelihood with local coordinates needs.
+    """
+    if _overrides(likelihood, "transformation_at"):
+        return likelihood.transformation_at(signal_bar())
+    return likelihood.transformation
+
+
 def _inherits(obj, cls, *names: str) -> bool:
     """Whether ``type(obj)`` takes every method in ``names`` from ``cls`` (a subclass overrides none of them)."""
     return all(getattr(type(obj), n) is getattr(cls, n) for n in names)
@@ -194,6 +205,22 @@ class Likelihood(Module):
     def transformation(self, s):
         """``T(s)``: coordinates in which the Fisher metric is the identity."""
         raise NotImplementedError("this likelihood has no transformation (needed for geoVI)")
+
+    def transformation_at(self, s_bar) -> Callable:
+        """``s -> T(s)``, the geoVI coordinates around the expansion point ``s_bar``.
+
+        The geoVI update curves its samples with this map: its Jacobian at
+        ``s_bar`` must reproduce the Fisher metric there,
+        ``(dT/ds)^T (dT/ds) = F(s_bar)``, or the update is inconsistent with
+        the metric that drew the linear sample. The default is the global
+        :meth:`transformation` (exact everywhere for a Fisher metric that is
+        the pull-back of a Euclidean one: ``Gaussian``, ``Poisson``,
+        ``StudentT``). A likelihood with a curved Fisher geometry (the
+        variable-covariance ones) overrides it with a map built around
+        ``s_bar``.
+        """
+        del s_bar
+        return self.transformation
 
     def metric(self, s, t):
         """Fisher metric ``F(s) t``."""
@@ -416,6 +443,10 @@ class AmendedLikelihood(Likelihood):
     def transformation(self, xi):
         return self.likelihood.transformation(self.model(xi))
 
+    def transformation_at(self, xi_bar):
+        t = pulled_back_transformation_at(self.likelihood, lambda: self.model(xi_bar))
+        return lambda xi: t(self.model(xi))
+
     def metric_operator(self, xi):
         """``t -> J^T F(s) J t`` with one evaluation (and linearization) of the model."""
         s, jvp, adj = tm.linearize_with_adjoint(self.model, xi)
@@ -512,6 +543,11 @@ class SumLikelihood(Likelihood):
 
     def transformation(self, x):
         return (self.a.transformation(self._part(self.keys_a, x)), self.b.transformation(self._part(self.keys_b, x)))
+
+    def transformation_at(self, x_bar):
+        ta = self.a.transformation_at(self._part(self.keys_a, x_bar))
+        tb = self.b.transformation_at(self._part(self.keys_b, x_bar))
+        return lambda x: (ta(self._part(self.keys_a, x)), tb(self._part(self.keys_b, x)))
 
     def _summed(self, ma, mb) -> Callable:
         """``t -> A t + B t`` of operators on the parts' keys."""

@@ -122,7 +122,9 @@ def nonlinearly_update_residual(
 ) -> tuple[object, OptimizeResult]:
     """geoVI: curve a residual so that ``g(pos + r) = g(pos) + sign * y``.
 
-    With ``x = T(model(xi))`` and ``Jbar = dx/dxi`` at ``pos``, the geoVI
+    With ``x = T(model(xi))`` (``T`` the likelihood's coordinates around
+    ``model(pos)``, :meth:`~shardvi.Likelihood.transformation_at`) and
+    ``Jbar = dx/dxi`` at ``pos``, the geoVI
     coordinate map is ``g(xi) = xi + Jbar^T (x(xi) - x(pos))`` and
     ``y ~ N(0, M(pos))`` is the metric sample drawn with
     ``metric_sample_key`` (the same ``y`` whose CG solve gave the linear
@@ -152,8 +154,10 @@ def nonlinearly_update_residual(
     keep = _keep(lh, sample_mask)
     if lh.blocked:
         return _blocked_update(lh, pos, residual, metric_sample_key, metric_sample_sign, config, keep)
+    # the likelihood's coordinates around pos (for a curved Fisher geometry they depend on it)
+    transformation = lh.transformation_at(pos)
     # linearized (not jax.vjp): its residuals pass a barrier, and jbar_t runs in every pass of the Newton-CG loops
-    x_bar, _, jbar_t = tm.linearize_with_adjoint(lh.transformation, pos)
+    x_bar, _, jbar_t = tm.linearize_with_adjoint(transformation, pos)
     # the metric sample's square root: Jbar^T itself where that is the likelihood's (one model evaluation fewer
     # in the program), else the likelihood's own
     lsm = jbar_t if lh._lsm_from_transformation else functools.partial(lh.left_sqrt_metric, pos)
@@ -161,7 +165,7 @@ def nonlinearly_update_residual(
 
     def delta(r):
         r = project(keep, r)
-        xr = lh.transformation(tm.add(pos, r))
+        xr = transformation(tm.add(pos, r))
         g = tm.add(r, jbar_t(tm.sub(xr, x_bar)))
         return project(keep, tm.sub(g, y))
 

@@ -17,7 +17,7 @@ from jax import tree_util as jtu
 from ._checks import domain_of, finite_data
 from .likelihood import Likelihood
 
-__all__ = ["VariableCovarianceGaussian"]
+__all__ = ["VariableCovarianceGaussian", "local_coordinates", "residual_coordinates"]
 
 _SQRT2 = 2.0**0.5
 
@@ -39,6 +39,51 @@ def mean_std_domain(data):
     return (tree, tree)
 
 
+def residual_coordinates(s, data, fisher_mean, fisher_std):
+    """``(a (mean - d)/std, b log std)``: the global geoVI coordinates of a location-scale likelihood.
+
+    ``a = fisher_mean`` and ``b = fisher_std`` are ``std`` times the square roots of the Fisher
+    metric's entries (trees of the data's structure: arrays or Python floats). The Gram matrix of the
+    Jacobian is the Fisher metric ``diag(a^2, b^2)/std^2`` plus the cross terms
+    ``-a^2 delta/std^2`` (mean-std) and ``a^2 delta^2/std^2`` (std-std), with the normalized
+    residual ``delta = (mean - d)/std``: exact where the model fits the data.
+    """
+    mean, std = s
+    return (
+        jtu.tree_map(lambda a, m, d, sg: a * ((m - d) / sg), fisher_mean, mean, data, std),
+        jtu.tree_map(lambda b, sg: b * jnp.log(sg), fisher_std, std),
+    )
+
+
+def local_coordinates(s, s_bar, fisher_mean, fisher_std):
+    """The geoVI coordinates of a location-scale likelihood around the expansion point ``s_bar``.
+
+    With ``delta = (mean - mean_bar)/std`` and ``a``, ``b`` as in :func:`residual_coordinates`::
+
+        T(mean, std) = (a delta, b log std + a^2 delta^2 / (2 b))
+
+    The Gram matrix of its Jacobian, ``std^2 G = [[a^2 + a^4 delta^2/b^2, -a^4 delta^3/b^2],
+    [-a^4 delta^3/b^2, b^2 - a^2 delta^2 + a^4 delta^4/b^2]]``, equals the Fisher metric
+    ``diag(a^2, b^2)/std^2`` where ``mean = mean_bar`` (for every ``std``), together with its
+    first derivatives (the quadratic term cancels the slope of the cross term); its errors are of
+    second order in ``delta``, and ``det G = det F`` everywhere. The Fisher geometry of a
+    location-scale family is a hyperbolic plane: no map is exact on a whole neighbourhood.
+    """
+    (mean, std), m_bar = s, s_bar[0]
+
+    def one_mean(a, m, mb, sg):
+        return a * ((m - mb) / sg)
+
+    def one_std(a, b, m, mb, sg):
+        d = (m - mb) / sg
+        return b * jnp.log(sg) + (a * a / (2 * b)) * (d * d)
+
+    return (
+        jtu.tree_map(one_mean, fisher_mean, mean, m_bar, std),
+        jtu.tree_map(one_std, fisher_mean, fisher_std, mean, m_bar, std),
+    )
+
+
 def leaf_sum(fn, *trees):
     """``sum_leaves fn(*leaves)`` over trees of the first tree's structure (leaves in tree order, no ``0 +``)."""
     return functools.reduce(operator.add, jtu.tree_leaves(jtu.tree_map(fn, *trees)))
@@ -50,12 +95,18 @@ class VariableCovarianceGaussian(Likelihood):
     ``H = sum(((d - mean)/std)^2 / 2 + log(std))`` (``-log p`` up to a
     constant). The Fisher metric per datum, with respect to ``(mean, std)``,
     is ``diag(1/std^2, 2/std^2)`` and is applied exactly (so are its square
-    root and the metric samples). The geoVI transformation
-    ``T = (mean/std, sqrt(2) log(std))`` reproduces it only up to the
-    mean-std cross terms: ``(dT/ds)^T (dT/ds)`` has the off-diagonal
-    ``-mean/std^3`` and adds ``mean^2/std^4`` to the std entry; they vanish
-    where ``mean`` is small relative to ``std``. (A location-scale Fisher
-    metric is curved: no transformation makes it Euclidean everywhere.)
+    root and the metric samples).
+
+    A location-scale Fisher metric is curved (a hyperbolic plane): no
+    transformation makes it Euclidean everywhere. The geoVI update therefore
+    uses coordinates built around its expansion point
+    (:meth:`transformation_at`, :func:`local_coordinates`): with
+    ``delta = (mean - mean_bar)/std``,
+    ``T = (delta, sqrt(2) log(std) + delta^2 / (2 sqrt(2)))``, whose Jacobian
+    reproduces the metric and its first derivatives exactly at the expansion
+    point, for any ``mean`` and ``std``. The global :meth:`transformation`
+    ``((mean - d)/std, sqrt(2) log(std))`` is exact where the model fits the
+    data (its cross terms are proportional to the normalized residual).
 
     Parameters
     ----------
@@ -81,9 +132,15 @@ class VariableCovarianceGaussian(Likelihood):
         mean, std = s
         return leaf_sum(lambda d, m, sg: jnp.sum(0.5 * ((d - m) / sg) ** 2 + jnp.log(sg)), self.data, mean, std)
 
+    def _fisher_sqrt(self):
+        """``(a, b) = (1, sqrt(2))`` per data leaf: ``std`` times the square roots of the Fisher metric."""
+        return jtu.tree_map(lambda _: 1.0, self.data), jtu.tree_map(lambda _: _SQRT2, self.data)
+
     def transformation(self, s):
-        mean, std = s
-        return (jtu.tree_map(lambda m, sg: m / sg, mean, std), jtu.tree_map(lambda sg: _SQRT2 * jnp.log(sg), std))
+        return residual_coordinates(s, self.data, *self._fisher_sqrt())
+
+    def transformation_at(self, s_bar):
+        return lambda s: local_coordinates(s, s_bar, *self._fisher_sqrt())
 
     def metric(self, s, t):
         std = s[1]

@@ -8,7 +8,7 @@ from jax import tree_util as jtu
 
 from ._checks import positive_like, to_device
 from .likelihood import Likelihood
-from .variable_covariance import leaf_sum, mean_std_domain, real_data
+from .variable_covariance import leaf_sum, local_coordinates, mean_std_domain, real_data, residual_coordinates
 
 __all__ = ["VariableCovarianceStudentT"]
 
@@ -25,13 +25,14 @@ class VariableCovarianceStudentT(Likelihood):
     The Fisher metric per datum with respect to ``(mean, std)`` is diagonal,
     ``F_mm = (dof + 1) / ((dof + 3) std^2)``, ``F_ss = 2 dof / ((dof + 3) std^2)``,
     and is applied exactly, as is its square root ``diag(sqrt(F_mm), sqrt(F_ss))``
-    (the metric samples). The geoVI transformation
-    ``T = (sqrt((dof + 1)/(dof + 3)) mean/std, sqrt(2 dof/(dof + 3)) log(std))``
-    reproduces it only up to the mean-std cross terms, as for
-    :class:`~shardvi.VariableCovarianceGaussian` (its ``dof -> inf`` limit):
-    with ``a^2 = (dof + 1)/(dof + 3)``, ``(dT/ds)^T (dT/ds)`` has the
-    off-diagonal ``-a^2 mean/std^3`` and adds ``a^2 mean^2/std^4`` to the std
-    entry; both vanish where ``mean`` is small relative to ``std``.
+    (the metric samples). As for :class:`~shardvi.VariableCovarianceGaussian`
+    (its ``dof -> inf`` limit) the geometry is a hyperbolic plane: the geoVI
+    update uses coordinates built around its expansion point
+    (:meth:`transformation_at`; with ``a = sqrt((dof + 1)/(dof + 3))``,
+    ``b = sqrt(2 dof/(dof + 3))`` and ``delta = (mean - mean_bar)/std``:
+    ``T = (a delta, b log(std) + a^2 delta^2/(2 b))``), exact with its first
+    derivatives at the expansion point; the global :meth:`transformation`
+    ``(a (mean - d)/std, b log(std))`` is exact where the model fits the data.
 
     ``dof`` is fixed at construction (as in NIFTy.re's
     ``VariableCovarianceStudentT``); to infer it, write a likelihood whose
@@ -81,11 +82,10 @@ class VariableCovarianceStudentT(Likelihood):
         return leaf_sum(one, self.data, self.dof, mean, std)
 
     def transformation(self, s):
-        mean, std = s
-        return (
-            jtu.tree_map(lambda f, m, sg: f * (m / sg), self.fisher_sqrt_mean, mean, std),
-            jtu.tree_map(lambda f, sg: f * jnp.log(sg), self.fisher_sqrt_std, std),
-        )
+        return residual_coordinates(s, self.data, self.fisher_sqrt_mean, self.fisher_sqrt_std)
+
+    def transformation_at(self, s_bar):
+        return lambda s: local_coordinates(s, s_bar, self.fisher_sqrt_mean, self.fisher_sqrt_std)
 
     def metric(self, s, t):
         std = s[1]
