@@ -77,6 +77,7 @@ def child(args):
         process_id=args.pid,
         local_device_count=1,
         initialization_timeout=120,
+        cap_heaps=args.trim_host_memory,
     )
     import jax
     import jax.numpy as jnp
@@ -125,6 +126,7 @@ def child(args):
         kl_map=strategy,
         progress=False,
         callback=callback,
+        trim_host_memory=args.trim_host_memory,
     )
     jax.block_until_ready((samples.pos, samples.residuals))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -175,6 +177,8 @@ def _spawn(args, nproc, out):
     argv += ["--nproc", str(nproc), "--out", out]
     for flag in ("npix", "blocks", "pairs", "iterations", "cg_iters", "newton_iters", "seed", "noise"):
         argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    if args.trim_host_memory:
+        argv.append("--trim-host-memory")
     return C.spawn_processes(argv, nproc, args.timeout, f"P={nproc}")
 
 
@@ -187,6 +191,12 @@ def add_problem_arguments(ap) -> None:
     ap.add_argument("--newton-iters", type=int, default=1)
     ap.add_argument("--noise", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--trim-host-memory",
+        action="store_true",
+        help="the engine's opt-in allocator settings (optimize_kl(trim_host_memory=True), "
+        "initialize_distributed(cap_heaps=True))",
+    )
 
 
 def main(argv=None):

@@ -30,6 +30,9 @@ _common.setup_jax()
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 4)
+from shardvi.parallel import depth_first_cpu_schedule  # noqa: E402
+
+depth_first_cpu_schedule()  # a model axis over these CPU devices
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import AxisType, Mesh  # noqa: E402

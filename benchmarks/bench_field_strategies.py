@@ -29,6 +29,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax
 
 jax.config.update("jax_num_cpu_devices", 4)
+from shardvi.parallel import depth_first_cpu_schedule  # noqa: E402
+
+depth_first_cpu_schedule()  # a model axis over these CPU devices
 
 import numpy as np  # noqa: E402
 

@@ -80,6 +80,9 @@ def child(args):
         import jax
 
         jax.config.update("jax_num_cpu_devices", 4)
+        from shardvi.parallel import depth_first_cpu_schedule
+
+        depth_first_cpu_schedule()  # a model axis over these CPU devices
     else:
         import shardvi as sv
 

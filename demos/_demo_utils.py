@@ -143,6 +143,10 @@ def setup_devices(n: int, flag: str = "--devices"):
         try:
             if n > 1:
                 jax.config.update("jax_num_cpu_devices", n)
+                # a model axis over these devices needs XLA:CPU's depth-first schedule (before JAX starts)
+                from shardvi.parallel import depth_first_cpu_schedule
+
+                depth_first_cpu_schedule()
         except RuntimeError:
             pass  # backend already initialized: use what exists
     devices = jax.devices()

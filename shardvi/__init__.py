@@ -8,9 +8,8 @@ The names below are imported on first access (PEP 562 ``__getattr__``): ``import
 shardvi`` itself imports neither JAX nor jax-finufft nor matplotlib, so
 ``python -m shardvi --help`` answers at once and ``sv.plot`` is available
 without making matplotlib a cost of every import. ``sv.plot`` never selects a
-matplotlib backend. It adds XLA:CPU's depth-first schedule to ``XLA_FLAGS``
-(:mod:`shardvi._xla_flags`: collectives of several CPU devices in one process
-cannot deadlock; ``SHARDVI_KEEP_XLA_FLAGS=1`` keeps ``XLA_FLAGS`` as it is).
+matplotlib backend. Importing shardvi changes nothing in the process: no
+environment variable, no JAX configuration, no allocator setting.
 """
 
 from __future__ import annotations
@@ -19,9 +18,6 @@ import importlib
 from typing import TYPE_CHECKING
 
 from ._version import __version__ as __version__
-from ._xla_flags import prefer_depth_first_schedule as _prefer_depth_first_schedule
-
-_prefer_depth_first_schedule()  # before JAX's CPU backend starts: see shardvi._xla_flags
 
 # submodules reachable as attributes (``sv.vi``, ``sv.plot``, ...)
 _SUBMODULES = (

@@ -215,6 +215,9 @@ def main(argv=None, force_cpu_devices: bool = False) -> int:
     if force_cpu_devices and os.environ.get("JAX_PLATFORMS", "cpu") in ("cpu", ""):
         try:  # possible before the first JAX computation only
             jax.config.update("jax_num_cpu_devices", max(args.devices, 1))
+            from ._xla_flags import depth_first_cpu_schedule
+
+            depth_first_cpu_schedule()  # this program's own process: a model axis over its CPU devices
         except RuntimeError:
             pass
     jax.config.update("jax_enable_x64", True)

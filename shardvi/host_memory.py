@@ -14,17 +14,16 @@ what this module does; one process: 1661 and 1608 MiB; BENCHMARKS.md). The
 pages that compiling a program freed stay too (~50 MiB after the first
 steps' compiles at 256²).
 
-:func:`keep_host_memory_low` (called when :class:`~shardvi.vi.optimize_kl.OptimizeVI`
-is built) fixes the threshold at :data:`MMAP_THRESHOLD` (requests of 1 MiB and
-more get their own mapping), :func:`cap_heaps` (also called by
-:func:`~shardvi.parallel.initialize_distributed`, before JAX starts its threads)
-lets the threads share at most :data:`MAX_HEAPS` heaps, and
-:func:`release_host_memory` (called before each stage of an iteration and after
-the call that compiled a step) returns the heaps' free pages (``malloc_trim``)
-when the resident set grew since it last did. None of them
-changes a result: they decide where buffers live, not what is computed. Set
-``SHARDVI_KEEP_MALLOC`` (non-empty) to leave the allocator as it is; on a C
-library without these calls (not glibc) they do nothing.
+:func:`keep_host_memory_low` fixes the threshold at :data:`MMAP_THRESHOLD` (requests of
+1 MiB and more get their own mapping), :func:`cap_heaps` lets the threads share at most
+:data:`MAX_HEAPS` heaps, and :func:`release_host_memory` returns the heaps' free pages
+(``malloc_trim``) when the resident set grew since it last did. None of them changes a
+result: they decide where buffers live, not what is computed. They act on the whole
+process's allocator, so shardvi calls them only when asked: ``optimize_kl(...,
+trim_host_memory=True)`` (the threshold and the cap when the optimizer is built, a trim
+before each stage and after the call that compiled a step) and
+``initialize_distributed(..., cap_heaps=True)`` (the cap before JAX starts its threads).
+On a C library without these calls (not glibc) they do nothing.
 """
 
 from __future__ import annotations
@@ -62,7 +61,7 @@ def _glibc():
 
 
 def _enabled() -> bool:
-    return not os.environ.get("SHARDVI_KEEP_MALLOC") and _glibc() is not None
+    return _glibc() is not None
 
 
 @functools.cache
@@ -89,9 +88,8 @@ def cap_heaps() -> bool:
     ends up with many heaps that each hold freed pages (the 16-core machine of BENCHMARKS.md: a field
     split over 4 processes held 0.39 of one process's memory per process with the default, 0.35 with
     2 heaps, and ran faster). It acts on heaps created after the call: call it before JAX starts its
-    runtime (:func:`~shardvi.parallel.initialize_distributed` does) for the whole effect. The same as
-    the environment variable ``MALLOC_ARENA_MAX=2``; ``SHARDVI_KEEP_MALLOC`` (non-empty) leaves it.
-    ``True`` if the cap was set.
+    runtime (``initialize_distributed(..., cap_heaps=True)`` does) for the whole effect. The same as
+    the environment variable ``MALLOC_ARENA_MAX=2``. ``True`` if the cap was set.
     """
     if not _enabled():
         return False

@@ -26,6 +26,9 @@ def main(problem, layouts):
     import jax
 
     jax.config.update("jax_num_cpu_devices", 4)
+    from shardvi.parallel import depth_first_cpu_schedule
+
+    depth_first_cpu_schedule()  # a model axis over these CPU devices
     jax.config.update("jax_enable_x64", True)
     import tempfile
 

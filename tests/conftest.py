@@ -36,8 +36,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # at any level). The engine steps set their level themselves (below).
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+# model axes over the 4 forced CPU devices of one process: XLA:CPU's depth-first schedule (shardvi._xla_flags)
+from shardvi._xla_flags import depth_first_cpu_schedule  # imports no JAX
 
-import jax
+depth_first_cpu_schedule()
+
+import jax  # noqa: E402 -- after the XLA flags
 
 jax.config.update("jax_num_cpu_devices", 4)
 jax.config.update("jax_enable_x64", True)

@@ -1,4 +1,4 @@
-"""``shardvi.host_memory``: freed buffers of a few MiB go back to the system (glibc), in fresh processes.
+"""``shardvi.host_memory``: freed buffers of a few MiB go back to the system (glibc), in fresh processes; an opt-in.
 
 The allocation pattern of an engine step on a device's slab of a field split: a
 16 MiB buffer freed (glibc then raises its mmap threshold to 16 MiB), then 32
@@ -17,15 +17,16 @@ import pytest
 from shardvi import host_memory
 
 SCRIPT = r"""
-import json, os
+import json, os, sys
 import numpy as np
 from shardvi import host_memory as hm
+tune = sys.argv[1] == "tune"
 
 def rss_mib():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
-tuned = hm.keep_host_memory_low()
+tuned = hm.keep_host_memory_low() if tune else False
 start = rss_mib()
 big = np.ones(2 << 20)  # 16 MiB, mapped on its own; freed, it raises glibc's dynamic threshold
 del big
@@ -33,17 +34,18 @@ arrays = [np.ones(1 << 20) for _ in range(32)]  # 8 MiB each
 held = rss_mib() - start
 last = arrays[-1]
 del arrays
-hm.release_host_memory()
+if tune:
+    hm.release_host_memory()
 print(json.dumps(dict(tuned=tuned, held=held, left=rss_mib() - start)))
 """
 
 GLIBC = host_memory._glibc() is not None and sys.platform.startswith("linux")
 
 HEAPS_SCRIPT = r"""
-import ctypes, threading
+import ctypes, sys, threading
 from shardvi import host_memory as hm
 
-capped = hm.cap_heaps()
+capped = hm.cap_heaps() if sys.argv[1] == "tune" else False
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 held, ready = [], threading.Barrier(8)
@@ -63,10 +65,8 @@ print(capped)
 
 
 def run(keep: bool) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "SHARDVI_KEEP_MALLOC"}
-    if keep:
-        env["SHARDVI_KEEP_MALLOC"] = "1"
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120)
+    mode = "keep" if keep else "tune"
+    out = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -76,10 +76,11 @@ def test_threads_share_at_most_max_heaps():
     """glibc gives each new thread a heap of its own (up to 8 per core); capped, 8 threads share 2."""
 
     def heaps(keep: bool) -> tuple[int, str]:
-        env = {k: v for k, v in os.environ.items() if k not in ("SHARDVI_KEEP_MALLOC", "MALLOC_ARENA_MAX")}
-        if keep:
-            env["SHARDVI_KEEP_MALLOC"] = "1"
-        out = subprocess.run([sys.executable, "-c", HEAPS_SCRIPT], env=env, capture_output=True, text=True, timeout=120)
+        env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+        mode = "keep" if keep else "tune"
+        out = subprocess.run(
+            [sys.executable, "-c", HEAPS_SCRIPT, mode], env=env, capture_output=True, text=True, timeout=120
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         return out.stderr.count("Arena "), out.stdout.strip().splitlines()[-1]
 
@@ -120,7 +121,6 @@ def test_release_trims_only_after_the_resident_set_grew(monkeypatch):
     monkeypatch.setattr(host_memory, "_glibc", lambda: FakeLibc())
     monkeypatch.setattr(host_memory, "_resident_bytes", lambda: rss[0])
     monkeypatch.setattr(host_memory, "_after_last_trim", [0])
-    monkeypatch.delenv("SHARDVI_KEEP_MALLOC", raising=False)
     host_memory.release_host_memory()  # the first call trims
     assert len(trims) == 1
     rss[0] += host_memory.TRIM_AFTER_GROWTH - 1
@@ -131,15 +131,30 @@ def test_release_trims_only_after_the_resident_set_grew(monkeypatch):
     rss[0] += host_memory.TRIM_AFTER_GROWTH
     host_memory.release_host_memory()
     assert trims == [0, 0, 0]
-    monkeypatch.setenv("SHARDVI_KEEP_MALLOC", "1")
-    rss[0] += 10 * host_memory.TRIM_AFTER_GROWTH
-    host_memory.release_host_memory(force=True)  # the opt-out leaves the allocator alone
-    assert len(trims) == 3
+
+
+def test_the_engine_leaves_the_allocator_alone_by_default(monkeypatch):
+    """Without ``trim_host_memory`` the engine calls none of the allocator functions (process-wide effects)."""
+    import importlib
+
+    import jax
+    from _small_problem import exp_problem
+
+    import shardvi as sv
+
+    okl = importlib.import_module("shardvi.vi.optimize_kl")
+    calls = []
+    monkeypatch.setattr(okl, "release_host_memory", lambda: calls.append("trim"))
+    monkeypatch.setattr(okl, "keep_host_memory_low", lambda: calls.append("threshold"))
+    lh, pos = exp_problem()
+    sv.optimize_kl(lh, pos, key=jax.random.PRNGKey(4), n_total_iterations=1, n_samples=1, progress=False)
+    assert calls == []
 
 
 def test_the_engine_trims_after_each_steps_first_call(monkeypatch):
-    """A step compiled by its call leaves the compiler's freed work memory in the heaps: the engine returns it
-    right after that call (while the program runs), besides the trim before each stage; later calls add none."""
+    """With ``trim_host_memory=True``: a step compiled by its call leaves the compiler's freed work memory in the
+    heaps: the engine returns it right after that call (while the program runs), besides the trim before each
+    stage; later calls add none."""
     import importlib
 
     import jax
@@ -175,6 +190,7 @@ def test_the_engine_trims_after_each_steps_first_call(monkeypatch):
             kl_minimization=sv.NewtonCGConfig(maxiter=2),
             precompile=False,  # every step compiles in its own call
             progress=False,
+            trim_host_memory=True,
         )
     firsts = [i for i, e in enumerate(events) if e[0] == "called" and e[2]]
     assert {events[i][1] for i in firsts} == {"draw", "curve", "kl", "diagnostics"}, events

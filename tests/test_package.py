@@ -128,8 +128,8 @@ def test_import_graph_model():
     imports, parents of the target; and ignores ``TYPE_CHECKING`` and enclosing packages."""
     graph = import_graph()
     assert "shardvi.vi.optimize_kl" in graph and "shardvi.examples" in graph
-    # the lazy __getattr__ and the TYPE_CHECKING block: no edges; the version and the XLA flag choice only
-    assert graph["shardvi"] == {"shardvi._version", "shardvi._xla_flags"}
+    # the lazy __getattr__ and the TYPE_CHECKING block: no edges; the version only
+    assert graph["shardvi"] == {"shardvi._version"}
     assert {"shardvi.models", "shardvi.vi"} <= graph["shardvi.examples"]  # function-level imports count
     assert {"shardvi.examples", "shardvi.vi.progress"} <= graph["shardvi.__main__"]
     assert all("shardvi.vi" not in targets for name, targets in graph.items() if name.startswith("shardvi.vi."))

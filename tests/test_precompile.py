@@ -3,7 +3,6 @@
 import logging
 import re
 import threading
-import time
 
 import jax
 import numpy as np
@@ -36,7 +35,7 @@ STEP_PROGRAMS = dict(draw="draw_linear", curve="curve", kl="minimize", diagnosti
 class _Builds(logging.Handler):
     """The engine-step programs JAX builds (``jax_log_compiles``), with the thread that built each.
 
-    ``stolen``: the programs lowered in the background and compiled by the calling thread (claimed
+    ``stolen``: the programs lowered ahead and compiled by the calling thread (claimed
     while the compile thread was busy with another step).
     """
 
@@ -49,7 +48,7 @@ class _Builds(logging.Handler):
         m = re.search(r"Finished XLA compilation of jit\((\w+)\)", msg)
         if m and m[1] in ENGINE_STEPS:
             self.builds.append((m[1], record.threadName))
-        m = re.match(r"compiling \('(\w+)'.* in the calling thread \(lowered in the background\)", msg)
+        m = re.match(r"compiling \('(\w+)'.* in the calling thread \(lowered ahead\)", msg)
         if m:
             self.stolen.append(STEP_PROGRAMS[m[1]])
 
@@ -96,10 +95,10 @@ def _run(precompile, **kwargs):
     ids=["vmap", "multi-device-unmirrored"],
 )
 def test_each_step_built_once_ahead_of_its_call(kwargs, n_programs):
-    """Stand-ins match the real calls: the background builds the programs the run uses, each once.
+    """Stand-ins match the real calls: the programs the run uses are built once each, ahead of their calls.
 
-    The calling thread builds only the first step (the geoVI update compiled ahead of iteration 3, ...);
-    a stand-in whose shape or placement differed from the real call would make the call build its own
+    The calling thread builds only steps it claimed while they waited for the busy compile thread; a
+    stand-in whose shape or placement differed from the real call would make the call build its own
     program, on the calling thread.
     """
     _, state, log = _run(True, **kwargs)
@@ -107,8 +106,8 @@ def test_each_step_built_once_ahead_of_its_call(kwargs, n_programs):
     assert [r.n_samples for r in state.history][-2:] in ([1, 1], [0, 2])
     assert len(builds) == n_programs, builds
     main = [name for name, thread in builds if not thread.startswith("shardvi-precompile")]
-    # the first step of the run; all others were lowered ahead, and compiled ahead unless the call came first
-    assert main == ["draw_linear", *log.stolen], (builds, log.stolen)
+    # every step was lowered ahead, and compiled ahead unless the call came first
+    assert main == log.stolen, (builds, log.stolen)
 
 
 def test_same_bits_as_compiling_at_each_call():
@@ -149,186 +148,146 @@ def test_precompile_must_be_bool():
 
 
 # -- the Precompiler itself ------------------------------------------------------------------------------
-def test_precompiler_claim_waits_cancels_and_swallows():
+class _Lowered:
+    """A stand-in for ``jax.stages.Lowered``: ``compile()`` records the thread and waits for ``gate``."""
+
+    def __init__(self, name, log, gate=None, started=None, fail=False):
+        self.name, self.log, self.gate, self.started, self.fail = name, log, gate, started, fail
+
+    def compile(self):
+        self.log.append(("compile " + self.name, threading.current_thread().name))
+        if self.started is not None:
+            self.started.set()
+        if self.gate is not None:
+            self.gate.wait(5)
+        if self.fail:
+            raise RuntimeError("compile failed")
+        return self.name
+
+
+def _compile_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("shardvi-precompile")]
+
+
+def test_precompiler_lowers_in_the_caller_and_compiles_in_one_background_thread():
     pc = Precompiler()
-    gate, started, ran = threading.Event(), threading.Event(), []
+    log, lowered_in = [], []
+    gate, started = threading.Event(), threading.Event()
 
-    def slow():
-        started.set()
-        gate.wait(5)
-        ran.append("slow")
+    def lower(name, **kw):
+        def thunk():
+            lowered_in.append((name, threading.current_thread().name))
+            return _Lowered(name, log, **kw)
 
-    pc.submit("a", slow)
-    pc.submit("b", lambda: ran.append("b"))
-    pc.submit("a", lambda: ran.append("again"))  # a key is submitted once
+        return thunk
+
+    pc.submit("a", lower("a", gate=gate, started=started))
+    pc.submit("b", lower("b"))
+    pc.submit("a", lower("again"))  # a key is submitted once
+    # the thunks (tracing: the user's model code) ran here, in the calling thread
+    assert lowered_in == [("a", threading.current_thread().name), ("b", threading.current_thread().name)]
     assert started.wait(5)
-    pc.claim("b")  # not started (the worker is busy with "a"): cancelled, the caller compiles it
-    assert pc.pending() == ("a",)
+    pc.claim("b")  # waiting for the busy compile thread: compiled by the caller
+    assert ("compile b", threading.current_thread().name) in log
     gate.set()
-    pc.claim("a")  # started: waited for
-    assert ran == ["slow"]
-    pc.submit("b", lambda: ran.append("b"))  # claimed keys are not submitted again
-    pc.submit("c", lambda: 1 / 0)  # fails in the background ...
+    pc.claim("a")  # being compiled in the background: waited for
+    assert log[0][0] == "compile a" and log[0][1].startswith("shardvi-precompile")
+    pc.submit("b", lower("b"))  # a claimed key is not submitted again
+    assert lowered_in[-1][0] == "b" and len(lowered_in) == 2
+    pc.close()
+    assert not _compile_threads()
+
+
+def test_precompiler_swallows_errors_the_real_call_raises():
+    pc = Precompiler()
+    log = []
+    pc.submit("lower", lambda: 1 / 0)  # fails while lowered: nothing to compile
+    pc.submit("compile", lambda: _Lowered("c", log, fail=True))  # fails in the background ...
     pc.join()
-    assert pc.pending() == ("c",)
-    assert not pc.ready("c")  # ... is not ready ...
-    pc.claim("c")  # ... and claiming it does not raise: the real call raises
-    assert ran == ["slow"]
+    assert pc.pending() == ("compile",)
+    assert not pc.ready("compile")  # ... is not ready ...
+    pc.claim("compile")  # ... and claiming it does not raise: the real call raises
+    pc.claim("lower")
+    pc.close()
 
 
-def test_precompiler_disabled_and_cancel_pending():
+def test_precompiler_disabled_close_and_cancel_pending():
     off = Precompiler(enabled=False)
     off.submit("a", lambda: 1 / 0)
     assert off.pending() == ()
     pc = Precompiler()
-    gate, ran = threading.Event(), []
-    pc.submit("busy", lambda: gate.wait(5))
-    pc.submit("later", lambda: ran.append("later"))
-    pc.cancel_pending()
+    log, gate, started = [], threading.Event(), threading.Event()
+    pc.submit("busy", lambda: _Lowered("busy", log, gate=gate, started=started))
+    pc.submit("later", lambda: _Lowered("later", log))
+    assert started.wait(5)
+    closer = threading.Thread(target=pc.close)
+    closer.start()  # drops "later", waits for "busy"
+    closer.join(0.2)
+    assert closer.is_alive()  # a compilation under way is waited for
     gate.set()
+    closer.join(5)
+    assert not closer.is_alive() and not _compile_threads()
+    assert [e for e, _ in log] == ["compile busy"]  # the queued one was dropped
     assert pc.pending() == ()
-    pc.submit("later", lambda: ran.append("later"))  # a cancelled key can be submitted again
+    pc.submit("later", lambda: _Lowered("later", log))  # a dropped key can be submitted again: a new thread
     pc.claim("later")
-    assert ran in ([], ["later"])  # cancelled by the claim or run before it, never twice
+    assert [e for e, _ in log] == ["compile busy", "compile later"]
+    pc.close()
+    assert not _compile_threads()
 
 
-class _Lowered:
-    """A stand-in for ``jax.stages.Lowered``: ``compile()`` records the thread and waits for ``gate``."""
+# -- what a run leaves behind ------------------------------------------------------------------------------
+def test_a_run_leaves_no_thread_and_no_retrace_and_calls_schedules_once_in_the_calling_thread():
+    """``optimize_kl`` ends its compile thread, clears no JAX cache (a user's jitted function is not traced
+    again), and calls every setting given as a callable exactly once per iteration, before iteration 0, in
+    the calling thread."""
+    traces = []
 
-    def __init__(self, name, log, gate=None):
-        self.name, self.log, self.gate = name, log, gate
+    @jax.jit
+    def user_fn(x):
+        traces.append(1)
+        return 2 * x
 
-    def compile(self):
-        self.log.append(("compile " + self.name, threading.current_thread().name))
-        if self.gate is not None:
-            self.gate.wait(5)
-        return self.name
+    user_fn(np.arange(3.0))
+    calls = []
 
+    def n_samples(i):
+        calls.append(("n_samples", i, threading.current_thread().name))
+        return (2, 1, 1)[i]
 
-def test_precompiler_pipelines_lowering_and_compiling():
-    """The next step is lowered while the previous one compiles, in another thread; claims wait for both stages."""
-    pc = Precompiler()
-    log, compiling_a, lowered_b = [], threading.Event(), threading.Event()
+    def mode(i):
+        calls.append(("sample_mode", i, threading.current_thread().name))
+        return ("linear_resample", "nonlinear_resample", "nonlinear_update")[i]
 
-    class _SlowCompile(_Lowered):
-        def compile(self):
-            compiling_a.set()
-            assert lowered_b.wait(5), "b was not lowered while a compiled"
-            return super().compile()
-
-    def lower(name, cls=_Lowered, after=None):
-        def thunk():
-            log.append(("lower " + name, threading.current_thread().name))
-            if after is not None:
-                after.set()
-            return cls(name, log)
-
-        return thunk
-
-    pc.submit("a", lower("a", _SlowCompile))
-    pc.submit("b", lower("b", after=lowered_b))
-    assert lowered_b.wait(5)
-    assert compiling_a.wait(5)  # a is in the compile thread (not merely lowered: the caller would compile it)
-    pc.claim("a")  # being compiled: waited for
-    # b's thunk set lowered_b before it returned: the lowering thread may not have recorded it as lowered yet
-    deadline = time.monotonic() + 5
-    while pc._jobs["b"].state == "lowering" and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert pc.ready("b") or pc._jobs["b"].state in ("to-compile", "compiling")
-    pc.join()
-    assert pc.ready("b")
-    pc.claim("b")
-    assert [s for s, _ in log] == ["lower a", "lower b", "compile a", "compile b"]
-    threads = dict(log)
-    assert threads["lower a"] == threads["lower b"] != threads["compile a"] == threads["compile b"]
-    assert threads["lower a"].startswith("shardvi-precompile") and threads["compile a"].startswith("shardvi-precompile")
-    assert compiling_a.is_set() and pc.pending() == ()
+    lh, pos = PROBLEM
+    sv.optimize_kl(
+        lh,
+        pos,
+        key=jax.random.PRNGKey(3),
+        n_total_iterations=3,
+        n_samples=n_samples,
+        sample_mode=mode,
+        nonlinear_update=sv.NewtonCGConfig(xtol=1e-6, maxiter=3),
+        progress=False,
+    )
+    assert not _compile_threads()
+    user_fn(np.arange(3.0))
+    assert len(traces) == 1
+    me = threading.current_thread().name
+    assert sorted(calls) == sorted([(k, i, me) for k in ("n_samples", "sample_mode") for i in range(3)])
 
 
-def test_precompiler_caller_compiles_a_lowered_step_waiting_for_the_compile_thread():
-    pc = Precompiler()
-    log, gate = [], threading.Event()
-    pc.submit("busy", lambda: _Lowered("busy", log, gate))
-    pc.submit("next", lambda: _Lowered("next", log))
-    for _ in range(500):  # "next" is lowered once the lowering thread is free; its compile waits for "busy"
-        if pc._jobs["next"].state == "to-compile" and log:
-            break
-        threading.Event().wait(0.01)
-    assert pc._jobs["next"].state == "to-compile"
-    pc.claim("next")  # lowered, the compile thread busy: compiled here, not lowered again
-    assert log == [("compile busy", log[0][1]), ("compile next", threading.current_thread().name)]
-    assert pc.pending() == ("busy",)
-    gate.set()
-    pc.claim("busy")
-    pc.join()
-    assert [s for s, _ in log] == ["compile busy", "compile next"]  # each once
-
-
-def test_precompiler_claim_during_lowering_compiles_in_the_caller_when_the_compile_thread_is_busy():
-    """A step claimed while its lowering is under way waits for the lowering only: with the compile thread busy
-    it is compiled in the caller (before, the claim waited for the queue of the compile thread as well)."""
-    pc = Precompiler()
-    log, busy, lowering, release = [], threading.Event(), threading.Event(), threading.Event()
-    pc.submit("busy", lambda: _Lowered("busy", log, busy))
-
-    def slow_lowering():
-        lowering.set()
-        release.wait(5)
-        return _Lowered("next", log)
-
-    pc.submit("next", slow_lowering)
-    assert lowering.wait(5)
-    threading.Timer(0.05, release.set).start()  # the lowering ends while the claim below waits for it
-    pc.claim("next")
-    assert log == [("compile busy", log[0][1]), ("compile next", threading.current_thread().name)]
-    busy.set()
-    pc.claim("busy")
-    pc.join()
-    assert [s for s, _ in log] == ["compile busy", "compile next"]
-
-
-def test_precompiler_drops_a_step_lowered_across_cancel_pending():
-    pc = Precompiler()
-    log, gate = [], threading.Event()
-
-    def slow_lowering():
-        gate.wait(5)
-        return _Lowered("slow", log)
-
-    pc.submit("slow", slow_lowering)
-    for _ in range(500):
-        if pc._jobs["slow"].state == "lowering":
-            break
-        threading.Event().wait(0.01)
-    pc.cancel_pending()  # the run stopped while "slow" was being lowered
-    gate.set()
-    pc.submit("after", lambda: _Lowered("after", log))
-    pc.join()
-    pc.claim("after")
-    assert [s for s, _ in log] == ["compile after"]  # "slow" is not compiled after its lowering
-    pc.submit("slow", lambda: _Lowered("slow", log))  # and can be submitted again
-    pc.claim("slow")
-    assert [s for s, _ in log] in (["compile after"], ["compile after", "compile slow"])
-
-
-def test_exit_hook_drops_queued_compilations():
-    """At interpreter exit only a running compilation is waited for, not every queued one."""
-    import concurrent.futures.thread as cft
-    import threading as th
-
-    from shardvi.vi import precompile
-
-    # ours runs before concurrent.futures joins its workers (the hooks, partials, run in reverse order)
-    hooks = [h.func for h in th._threading_atexits]  # pyright: ignore[reportAttributeAccessIssue]
-    assert hooks.index(precompile._cancel_all_at_exit) > hooks.index(cft._python_exit)
-    pc = Precompiler()
-    gate, ran = threading.Event(), []
-    pc.submit("busy", lambda: gate.wait(5))
-    for k in range(3):
-        pc.submit(k, lambda k=k: ran.append(k))
-    precompile._cancel_all_at_exit()
-    assert pc.pending() == ()
-    gate.set()
-    pc.submit("after", lambda: ran.append("after"))  # runs once "busy" is done
-    pc.join()
-    assert ran == ["after"]  # the three queued before the exit hook never ran
+def test_a_bad_setting_at_a_later_iteration_is_refused_before_iteration_0():
+    lh, pos = PROBLEM
+    ran = []
+    with pytest.raises(ValueError, match="n_samples"):
+        sv.optimize_kl(
+            lh,
+            pos,
+            key=jax.random.PRNGKey(3),
+            n_total_iterations=4,
+            n_samples=lambda i: (1, 1, 1, -2)[i],
+            callback=lambda *_: ran.append(1),
+            progress=False,
+        )
+    assert ran == []  # no iteration ran

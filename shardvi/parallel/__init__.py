@@ -21,6 +21,7 @@ model axis: sums, tables and draws that are bitwise the same on any layout,
 :mod:`shardvi.parallel.grid`).
 """
 
+from .._xla_flags import depth_first_cpu_schedule
 from .collectives import CollectiveCounts, collectives, count_collectives
 from .distributed import initialize_distributed, is_distributed, shutdown_distributed
 from .field_arrays import field_array, process_rows
@@ -78,6 +79,7 @@ __all__ = [
     "collectives",
     "engine_compiler_options",
     "count_collectives",
+    "depth_first_cpu_schedule",
     "field_array",
     "fixed_order_mean",
     "get_strategy",

@@ -17,7 +17,7 @@ import re
 
 import jax
 
-from ..host_memory import cap_heaps
+from .. import host_memory
 
 __all__ = ["initialize_distributed", "shutdown_distributed", "is_distributed"]
 
@@ -38,12 +38,11 @@ def initialize_distributed(
     bind_address: str | None = None,
     initialization_timeout: int = 120,
     platform: str | None = None,
+    cap_heaps: bool = False,
 ) -> None:
     """Join a multi-process JAX runtime (wraps ``jax.distributed.initialize``).
 
-    Call it first thing in every process, before any JAX computation. On glibc it also caps the
-    process's malloc heaps at two before JAX starts its threads
-    (:func:`shardvi.host_memory.cap_heaps`; ``SHARDVI_KEEP_MALLOC=1`` leaves the allocator as it is).
+    Call it first thing in every process, before any JAX computation.
 
     Parameters
     ----------
@@ -63,6 +62,10 @@ def initialize_distributed(
         Seconds to wait for all processes to join.
     platform : str, optional
         Restrict JAX to a platform, e.g. ``"cpu"`` (sets ``jax_platforms``).
+    cap_heaps : bool
+        Opt-in, glibc only: let this process's threads share at most two malloc heaps, set
+        before JAX starts its threads (:func:`shardvi.host_memory.cap_heaps`; it changes the
+        whole process's allocator, never a result).
 
     Raises
     ------
@@ -82,7 +85,10 @@ def initialize_distributed(
     _check_int(initialization_timeout, "initialization_timeout", 1)
     if bind_address is not None and (not isinstance(bind_address, str) or not _ADDRESS.match(bind_address)):
         raise ValueError(f"bind_address must be 'host:port', got {bind_address!r}")
-    cap_heaps()  # before JAX starts its threads (see there)
+    if not isinstance(cap_heaps, bool):
+        raise TypeError(f"cap_heaps must be a bool, got {type(cap_heaps).__name__}")
+    if cap_heaps:
+        host_memory.cap_heaps()  # before JAX starts its threads (see there)
     try:
         if platform is not None:
             jax.config.update("jax_platforms", platform)

@@ -40,7 +40,6 @@ from .errors import (
 from .field_split import field_split_chi2_sums, per_device, split_latent
 from .kl import kl_metric, kl_value_and_grad
 from .likelihood import Likelihood
-from .lowered_cache import release_lowered_modules
 from .masks import parse_selection, project
 from .modes import SampleMode, SamplePlan, SampleSource, plan_samples, recorded_as
 from .precompile import Precompiler
@@ -84,23 +83,6 @@ def _platform(strategy) -> str:
     """The platform a strategy computes on: its devices' (default: JAX's default backend)."""
     devices = getattr(strategy, "devices", None)
     return devices[0].platform if devices else jax.default_backend()
-
-
-def _with_progress(method):
-    """Run ``method(self, samples, state, ...)`` inside a progress display (see :mod:`.progress`)."""
-    leave = method.__name__ == "run"  # a single update's bar is erased when it closes
-
-    @functools.wraps(method)
-    def wrapper(self, samples, state, *args, **kwargs):
-        with self._progress_scope(leave):
-            try:
-                return method(self, samples, state, *args, **kwargs)
-            except BaseException:  # stopped: the steps compiled ahead for later iterations are not needed
-                self._ahead.cancel_pending()
-                self._planned.clear()
-                raise
-
-    return wrapper
 
 
 class _Handover:
@@ -166,6 +148,7 @@ class OptimizeVI:
         compiler_options=None,
         progress: bool | str | Progress | None = "auto",
         precompile: bool = True,
+        trim_host_memory: bool = False,
     ):
         check_run_arguments(
             likelihood,
@@ -195,14 +178,22 @@ class OptimizeVI:
         self.progress = check_progress(progress, "progress")
         if not isinstance(precompile, bool):
             raise TypeError(f"precompile must be a bool, got {type(precompile).__name__}")
+        if not isinstance(trim_host_memory, bool):
+            raise TypeError(f"trim_host_memory must be a bool, got {type(trim_host_memory).__name__}")
+        self.trim_host_memory = trim_host_memory
         # steps of coming iterations, compiled in a background thread; not with several processes, whose
         # programs and transfers must come in the same order in every process
         self._ahead = Precompiler(precompile and jax.process_count() == 1)
         self._planned = set()  # iterations whose steps were submitted to it
         self._display = None  # the open progress display (inside run / update)
+        self._in_run = False  # inside run (compiling ahead plans the remaining iterations)
         self._seen_steps = set()  # (step, config, sample count) already run: compiled
         self._called_steps = set()  # those whose first call has returned (dispatched)
-        keep_host_memory_low()  # freed buffers back to the system (see shardvi.host_memory)
+        # every setting given as a callable: called once per iteration, here, and checked before any work
+        self._schedule = ()
+        self._schedule = tuple(self._evaluate_settings(nit) for nit in range(self.n_total_iterations))
+        if trim_host_memory:
+            keep_host_memory_low()  # opt-in: freed buffers back to the system (see shardvi.host_memory)
         self._build()
 
     # -- compiled pieces -----------------------------------------------------------------------
@@ -285,8 +276,13 @@ class OptimizeVI:
 
     # -- progress ----------------------------------------------------------------------------
     @contextlib.contextmanager
-    def _progress_scope(self, leave: bool):
-        """Open a progress display unless one is open (``update`` inside ``run``); close it at exit."""
+    def _session(self, *, leave: bool):
+        """The scope of a :meth:`run` or of an :meth:`update` called alone (nothing when inside ``run``).
+
+        A progress display (a single update's bar is erased when it closes: ``leave=False``), and the
+        compile thread: at exit, also on an error, the steps compiled ahead that wait are dropped and
+        the thread has ended, so nothing the engine started outlives the call.
+        """
         if self._display is not None:
             yield
             return
@@ -295,6 +291,8 @@ class OptimizeVI:
             yield
         finally:
             display, self._display = self._display, None
+            self._ahead.close()
+            self._planned.clear()
             display.close()
 
     def _stage(self, name: str, step=None):
@@ -302,7 +300,8 @@ class OptimizeVI:
 
         A step compiled ahead in the background is waited for here (shown as compiling while it is not ready).
         """
-        release_host_memory()  # the last step's freed buffers and compile work, before this one allocates
+        if self.trim_host_memory:  # the last step's freed buffers and compile work, before this one allocates
+            release_host_memory()
         compiling = step is not None and step not in self._seen_steps and not self._ahead.ready(step)
         if step is not None:
             self._seen_steps.add(step)
@@ -312,21 +311,18 @@ class OptimizeVI:
             self._ahead.claim(step)
 
     def _called(self, step) -> None:
-        """After the call of ``step`` returned (its program may still run): after its first call, drop JAX's
-        lowered modules unless a step compiled ahead still waits for its call
-        (:func:`~shardvi.vi.lowered_cache.release_lowered_modules`: no later call reads them), and return
-        the heaps' free pages, among them the compiler's work memory when the call compiled the step.
+        """After the first call of ``step`` returned (its program may still run), with ``trim_host_memory``:
+        return the heaps' free pages, among them the compiler's work memory when the call compiled the step.
 
         XLA:CPU dispatches a program asynchronously: the return comes while the program starts, before
         its buffers have grown, so the compiler's freed pages are gone before the step's peak instead of
-        adding to it (with the field split over 4 processes at 2048², 26 MiB of the 430 per process).
+        adding to it.
         """
         if step in self._called_steps:
             return
         self._called_steps.add(step)
-        if not self._ahead.pending():
-            release_lowered_modules()
-        release_host_memory()
+        if self.trim_host_memory:
+            release_host_memory()
 
     # -- compiling ahead -----------------------------------------------------------------------
     def _precompile_ahead(self, samples: Samples, state: OptimizeVIState) -> None:
@@ -340,15 +336,14 @@ class OptimizeVI:
         if not self._ahead.enabled or state.nit in self._planned:
             return
         n_prev = _key_count(samples)
-        for nit in range(state.nit, self.n_total_iterations):
+        # a run plans its remaining iterations; an update called alone only its own (the compile thread ends
+        # with it)
+        last = max(self.n_total_iterations, state.nit + 1) if self._in_run else state.nit + 1
+        for nit in range(state.nit, last):
             self._planned.add(nit)
-            try:
-                mode, n, lin, nonlin, klc = self._settings(nit)
-            except Exception:  # noqa: BLE001 -- bad settings raise at their own iteration, from update
-                return
+            mode, n, lin, nonlin, klc = self._settings(nit)
             plan = plan_samples(mode, n, n_prev)
-            steps = self._steps_of(plan, samples.pos, state.key, n, lin, nonlin, klc)
-            for step, thunk in steps[1:] if nit == state.nit else steps:
+            for step, thunk in self._steps_of(plan, samples.pos, state.key, n, lin, nonlin, klc):
                 self._ahead.submit(step, thunk)
             n_prev = 0 if plan.source is SampleSource.NONE else n
 
@@ -391,7 +386,15 @@ class OptimizeVI:
         return OptimizeVIState(nit=int(nit), key=raw_key(key), history=())
 
     def _settings(self, nit) -> IterationSettings:
-        """The settings of iteration ``nit`` (``(mode, n, linear, nonlinear, kl)``), evaluated and checked."""
+        """The settings of iteration ``nit`` (``(mode, n, linear, nonlinear, kl)``), evaluated and checked.
+
+        Those of the run's iterations were evaluated once, when the optimizer was built.
+        """
+        if nit < len(self._schedule):
+            return self._schedule[nit]
+        return self._evaluate_settings(nit)
+
+    def _evaluate_settings(self, nit) -> IterationSettings:
         return settings_at(
             nit,
             sample_mode=self.sample_mode,
@@ -496,10 +499,10 @@ class OptimizeVI:
         signs = np.tile([1.0, -1.0], n) if self.mirror_samples else np.ones((n,))
         return signs.astype(jax.dtypes.canonicalize_dtype(np.float64))
 
-    @_with_progress
     def update(self, samples: Samples, state: OptimizeVIState) -> tuple[Samples, OptimizeVIState]:
         """One global iteration: draw/update samples, then minimize the KL."""
-        return self._iterate(_Handover(samples), state)
+        with self._session(leave=False):
+            return self._iterate(_Handover(samples), state)
 
     def _iterate(self, handover: _Handover, state: OptimizeVIState) -> tuple[Samples, OptimizeVIState]:
         """:meth:`update` inside an open progress display, taking the samples out of ``handover``.
@@ -511,7 +514,7 @@ class OptimizeVI:
         t0 = time.perf_counter()
         nit = state.nit
         display = self._display
-        assert display is not None  # opened by @_with_progress
+        assert display is not None  # opened by _session
         display.start_iteration(nit, self.n_total_iterations)
         mode, n, lin, nonlin, klc = self._settings(nit)
         self._precompile_ahead(samples, state)
@@ -548,7 +551,6 @@ class OptimizeVI:
         display.end_iteration(nit, self.n_total_iterations, line)
         return samples, OptimizeVIState(nit=nit + 1, key=key, history=state.history + (report,))
 
-    @_with_progress
     def run(
         self,
         samples: Samples,
@@ -565,6 +567,14 @@ class OptimizeVI:
         this optimizer and ``samples.pos``). Unlike :func:`optimize_kl`, this
         does not refuse a directory that holds another run's checkpoint.
         """
+        with self._session(leave=True):
+            self._in_run = True
+            try:
+                return self._run(samples, state, checkpoint_dir, callback, fingerprint)
+            finally:
+                self._in_run = False
+
+    def _run(self, samples, state, checkpoint_dir, callback, fingerprint):
         if isinstance(samples, _Handover):
             samples = samples.take()
         lock = contextlib.nullcontext()
@@ -611,6 +621,7 @@ def optimize_kl(
     progress: bool | str | Progress | None = "auto",
     compilation_cache_dir: str | os.PathLike | None = None,
     precompile: bool = True,
+    trim_host_memory: bool = False,
 ) -> tuple[Samples, OptimizeVIState]:
     """Approximate the posterior with MGVI / geoVI.
 
@@ -684,11 +695,8 @@ def optimize_kl(
         :data:`shardvi.parallel.CPU_COMPILER_OPTIONS` (LLVM optimization level
         1: ~0.7x the compile time; ``{"xla_backend_optimization_level": 3}``
         restores XLA's default; XLA's while-loop-invariant code motion off
-        with CSE: ~0.8x) (validated up front). E.g. ``{"xla_cpu_use_fusion_emitters": True}``: XLA:CPU's
-        default fusion emitters, ~10 % faster iterations for ~1.8x the peak
-        memory (128^2 correlated field, ``BENCHMARKS.md``). Overriding
-        ``xla_disable_hlo_passes`` gives up bitwise reproducibility across
-        device counts.
+        with CSE) (validated up front). Overriding ``xla_disable_hlo_passes``
+        gives up bitwise reproducibility across device counts.
     progress : bool, str or shardvi.vi.progress.Progress
         What is printed while it runs (standard error). ``"auto"`` (default)
         or ``True``: a live bar (global iterations, elapsed time, ETA, the
@@ -713,12 +721,20 @@ def optimize_kl(
         geoVI update while the linear iterations before it run), so the
         compile times overlap. The same programs, bitwise the same results;
         a step that fails to compile there is compiled again at its call and
-        raises there. Settings given as callables may then be called ahead
-        of (and more than once for) their iteration. ``False``: every step
+        raises there. The steps are traced in the calling thread; only
+        XLA's compilation runs in the background, and its thread has ended
+        when the call returns. ``False``: every step
         compiles at its first call, in the calling thread (one compilation
         at a time: lower peak memory). Always ``False`` in multi-process
         runs (``jax.distributed``): there every process must compile and
         transfer in the same order.
+    trim_host_memory : bool
+        Opt-in, glibc only, process-wide: fix glibc's mmap threshold at
+        1 MiB, let threads share at most two heaps, and return the heaps'
+        free pages to the system before each stage and after each step's
+        compiling call (:mod:`shardvi.host_memory`). Lowers the peak resident
+        memory of large runs (BENCHMARKS.md); changes no result. Default:
+        the allocator is left as it is.
 
     Returns
     -------
@@ -748,6 +764,7 @@ def optimize_kl(
             compiler_options=compiler_options,
             progress=progress,
             precompile=precompile,
+            trim_host_memory=trim_host_memory,
         )
         samples = position if isinstance(position, Samples) else None
         pos = samples.pos if samples is not None else position
