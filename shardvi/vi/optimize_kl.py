@@ -14,12 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
 
-from .. import tree_math as tm
 from ..compile_cache import persistent_compilation_cache
 from ..host_memory import keep_host_memory_low, release_host_memory
 from ..minimizers.config import CGConfig, NewtonCGConfig
 from ..minimizers.minimizer import Minimizer
-from ..minimizers.solution import Solution
 from ..models.model import check_latent
 from ..parallel.grid import slab_values, unsplit
 from ..parallel.mesh import check_devices
@@ -30,23 +28,22 @@ from ..parallel.reproducible import (
 )
 from ..parallel.strategy import Placed, Strategy, get_strategy, place
 from . import checkpoint as ckpt
-from .diagnostics import IterationReport, chi2_sums, reduced_chi2
+from . import steps
+from .diagnostics import IterationReport, reduced_chi2
 from .errors import (
     NonFiniteError,
     NonPositiveCurvatureError,
     check_kl_result,
     check_sampling_finite,
 )
-from .field_split import field_split_chi2_sums, per_device, split_latent
-from .kl import kl_metric, kl_value_and_grad
+from .field_split import split_latent
 from .likelihood import Likelihood
-from .masks import parse_selection, project
+from .masks import parse_selection
 from .modes import SampleMode, SamplePlan, SampleSource, plan_samples, recorded_as
 from .precompile import Precompiler
 from .progress import Progress, check_progress, open_display
 from .reporting import format_report, sample_status
 from .samples import Samples, interleave_pairs
-from .sampling import draw_linear_residual, nonlinearly_update_residual
 from .settings import (
     DEFAULT_KL_MINIMIZATION,
     DEFAULT_LINEAR_SAMPLING,
@@ -190,7 +187,7 @@ class OptimizeVI:
         self._seen_steps = set()  # (step, config, sample count) already run: compiled
         self._called_steps = set()  # those whose first call has returned (dispatched)
         # every setting given as a callable: called once per iteration, here, and checked before any work
-        self._schedule = ()
+        self._schedule: tuple[IterationSettings, ...] = ()
         self._schedule = tuple(self._evaluate_settings(nit) for nit in range(self.n_total_iterations))
         if trim_host_memory:
             keep_host_memory_low()  # opt-in: freed buffers back to the system (see shardvi.host_memory)
@@ -201,57 +198,21 @@ class OptimizeVI:
         smask, omask = self._sample_mask, self._opt_mask
         sstrat, kstrat = self.sample_strategy, self.kl_strategy
 
-        # the likelihood (data, noise, model arrays) is an argument of every step, never a constant.
-        # A field-split likelihood: the latents come in with their grid leaves marked (split_latent: rows split
-        # over the model axis), per_device gives the per-device view and the latent as slabs, the strategy
-        # returns the slabs split (MeshSlab), and unsplit hands back arrays (rows still split). Other
-        # likelihoods: all of these leave everything unchanged.
+        # the likelihood (data, noise, model arrays) is an argument of every step, never a constant; the steps are
+        # the pure functions of .steps with the strategies and masks bound
         def draw_linear(lh, pos, keys, config):
-            def fn(lik, p, k):
-                lik, p = per_device(lik, p)
-                r, info = draw_linear_residual(lik, p, k, config, sample_mask=smask)
-                return r, info.nit, info.status
-
-            r, nit, status = unsplit(sstrat.map(fn, (None, None, 0))(lh, pos, keys))
-            return r, nit, status, tm.all_finite(r)
+            r, info = steps.draw_samples(lh, pos, keys, config, sstrat, smask)
+            return r, info.nit, info.status, info.finite
 
         def curve(lh, pos, residuals, keys, signs, config):
-            def fn(lik, p, r, k, s):
-                lik, p, r = per_device(lik, p, r)
-                r, info = nonlinearly_update_residual(lik, p, r, k, s, config, sample_mask=smask)
-                return r, info.nit, info.status
-
-            r, nit, status = unsplit(sstrat.map(fn, (None, None, 0, 0, 0))(lh, pos, residuals, keys, signs))
-            return r, nit, status, tm.all_finite(r)
+            r, info = steps.update_samples(lh, pos, residuals, keys, signs, config, sstrat, smask)
+            return r, info.nit, info.status, info.finite
 
         def minimize(lh, pos, residuals, config):
-            def fun_and_grad(x):
-                v, g = kl_value_and_grad(lh, x, residuals, kstrat)
-                return v, project(omask, g)
-
-            def hessp(x, t):
-                return project(omask, kl_metric(lh, x, residuals, project(omask, t), kstrat))
-
-            # the metric mean_i M(pos + r_i) >= I: non-positive curvature means a broken likelihood metric
-            res = config.minimize(fun_and_grad, hessp, pos, min_curvature=1.0)
-            if not isinstance(res, Solution):
-                raise TypeError(
-                    f"kl_minimization: {type(config).__name__}.minimize must return a "
-                    f"shardvi.minimizers.Solution, got {type(res).__name__}"
-                )
-            # the finiteness check runs here, compiled with the step (not as eager ops on the host)
-            return unsplit(res), tm.all_finite(res.x) & jnp.isfinite(res.fun)
+            return steps.minimize_kl(lh, pos, residuals, config, kstrat, omask)
 
         def diagnostics(lh, pos, residuals):
-            if getattr(lh, "field_split", False):
-                return field_split_chi2_sums(lh, pos, residuals, kstrat)
-            samples = Samples(pos, residuals)
-            if not (lh.blocked and lh.has_chi2_sum):
-                return chi2_sums(samples, lh)
-            # blocked data: each sample's chi^2 summed over the blocks where they are (the strategy's model axis)
-            per_sample = kstrat.map(lambda lik, x: lik.chi2_sum(x)[0], (None, 0))(lh, samples.samples)
-            n = jtu.tree_leaves(samples.samples)[0].shape[0]
-            return (jnp.sum(per_sample), n * lh.chi2_sum_dof), chi2_sums(samples)[1]
+            return steps.sample_diagnostics(lh, pos, residuals, kstrat)
 
         # reproducible_jit: the same arithmetic, bitwise, on any device count and for every strategy;
         # Placed: inputs placed by the strategy that computes on them (same sharding every call: no recompiles)
