@@ -142,7 +142,7 @@ def test_the_engine_leaves_the_allocator_alone_by_default(monkeypatch):
 
     import shardvi as sv
 
-    okl = importlib.import_module("shardvi.vi.optimize_kl")
+    okl = importlib.import_module("shardvi.vi.engine")
     calls = []
     monkeypatch.setattr(okl, "release_host_memory", lambda: calls.append("trim"))
     monkeypatch.setattr(okl, "keep_host_memory_low", lambda: calls.append("threshold"))
@@ -163,7 +163,7 @@ def test_the_engine_trims_after_each_steps_first_call(monkeypatch):
     import shardvi as sv
     from shardvi.compilation import CompileCounter
 
-    okl = importlib.import_module("shardvi.vi.optimize_kl")
+    okl = importlib.import_module("shardvi.vi.engine")
     events = []
     cc = CompileCounter()
     monkeypatch.setattr(okl, "release_host_memory", lambda: events.append(("trim", cc.count)))

@@ -15,7 +15,7 @@ from _small_problem import exp_problem
 import shardvi as sv
 from shardvi.compilation import CompileCounter
 
-_OKL = importlib.import_module("shardvi.vi.optimize_kl")  # the module (the package's attribute is the function)
+_OKL = importlib.import_module("shardvi.vi.engine")  # the engine module (check_kl_result, its checkpoints)
 N = 8
 
 

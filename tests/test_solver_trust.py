@@ -23,7 +23,7 @@ from shardvi.minimizers.cg import cg_solve
 from shardvi.parallel.strategy import get_strategy
 from shardvi.vi.diagnostics import IterationReport
 from shardvi.vi.kl import kl_metric, kl_value_and_grad
-from shardvi.vi.optimize_kl import DEFAULT_KL_MINIMIZATION, DEFAULT_LINEAR_SAMPLING, DEFAULT_NONLINEAR_UPDATE
+from shardvi.vi.settings import DEFAULT_KL_MINIMIZATION, DEFAULT_LINEAR_SAMPLING, DEFAULT_NONLINEAR_UPDATE
 
 
 def lognormal(n, noise, seed, amp=1.0):
@@ -358,7 +358,7 @@ def test_unconverged_sample_solves_are_recorded_and_logged(caplog):
     ), msgs
     # JSON-serializable (checkpoint metadata) and the iteration line counts them
     assert json.loads(json.dumps(second._asdict()))["nonlinear_status"] == [1, 1, 1, 1]
-    from shardvi.vi.optimize_kl import _format_report
+    from shardvi.vi.reporting import format_report as _format_report
 
     assert "(2 unconverged)" in _format_report(second, 2) and "(4 unconverged)" in _format_report(second, 2)
 
@@ -381,14 +381,14 @@ def test_iteration_report_of_an_older_checkpoint_loads():
     )
     rep = IterationReport(**old)
     assert rep.sampling_status is None and rep.nonlinear_status is None
-    from shardvi.vi.optimize_kl import _format_report
+    from shardvi.vi.reporting import format_report as _format_report
 
     assert "unconverged" not in _format_report(rep, 1)
 
 
 def test_sample_status_raises_or_warns_per_stage(caplog):
     """Sampling CG (metric >= I): non-positive curvature raises; geoVI: every unconverged solve is a warning."""
-    from shardvi.vi.optimize_kl import _sample_status
+    from shardvi.vi.reporting import sample_status as _sample_status
 
     caplog.set_level(logging.WARNING, logger="shardvi")
     codes = np.array([0, 1, 0, 2, 4], np.int32)
