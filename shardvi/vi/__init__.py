@@ -1,5 +1,6 @@
 """Variational inference: likelihoods, KL, MGVI/geoVI sampling, the driver."""
 
+from . import steps
 from .blocked import BlockedLikelihood
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .diagnostics import IterationReport, minisanity, residual_stats
@@ -48,5 +49,6 @@ __all__ = [
     "optimize_kl",
     "residual_stats",
     "save_checkpoint",
+    "steps",
     "wiener_filter_posterior",
 ]
