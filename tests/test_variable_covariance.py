@@ -573,3 +573,12 @@ def test_amend_rejects_a_model_without_std():
         VariableCovarianceStudentT(DATA, 3.0).amend(
             sv.Model(lambda xi: tuple(v.astype(jnp.float32) for v in vc_signal(xi)), DOM)
         )
+
+
+def test_a_sum_forwards_its_parts_geovi_coordinates():
+    """``a + b``: each part's coordinates around its own expansion point; the metrics add, exactly."""
+    s_bar = (jnp.asarray(DATA + 50.0), jnp.full(M, 0.1))  # |mean - d| >> std
+    lh = VariableCovarianceGaussian(DATA) + VariableCovarianceStudentT(DATA, DOF_ARR)
+    g = _gram(lh.transformation_at(s_bar), s_bar)
+    want = fisher_gauss(*s_bar) + fisher_st(*s_bar, dof=DOF_ARR)
+    np.testing.assert_allclose(g, want, rtol=1e-13, atol=1e-13 * np.abs(want).max())
