@@ -61,18 +61,18 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
 
-try:  # jax internals; without them the rewrite cannot be applied (a ReproducibilityWarning says so)
-    from jax._src import core as _core
-    from jax._src.lax.lax import div_p as _div_p
-    from jax._src.lax.lax import mul_p as _mul_p
-    from jax._src.lax.lax import optimization_barrier_p as _barrier_p
-    from jax._src.lax.lax import rsqrt_p as _rsqrt_p
-    from jax._src.lax.lax import sqrt_p as _sqrt_p
+try:
+    import jax.extend.core as _core
+    from jax.core import ShapedArray as _ShapedArray
+    from jax.extend.core.primitives import div_p as _div_p
+    from jax.extend.core.primitives import mul_p as _mul_p
+    from jax.extend.core.primitives import rsqrt_p as _rsqrt_p
+    from jax.extend.core.primitives import sqrt_p as _sqrt_p
 
+    _barrier_p = jax.make_jaxpr(jax.lax.optimization_barrier)(0.0).jaxpr.eqns[0].primitive
     _IMPORT_ERROR = None
 except ImportError as _err:  # pragma: no cover - depends on the jax version
-    # typed Any: the helpers below use them only after _rewrite has checked `_core is not None`
-    _core = _barrier_p = _div_p = _mul_p = _rsqrt_p = _sqrt_p = cast(Any, None)
+    _core = _barrier_p = _div_p = _mul_p = _rsqrt_p = _sqrt_p = _ShapedArray = cast(Any, None)
     _IMPORT_ERROR = f"{type(_err).__name__}: {_err}"
 
 __all__ = [
@@ -236,7 +236,7 @@ def _barrier_eqn(invar, aval):
 
 
 def _rewrite_param(value):
-    if isinstance(value, _core.ClosedJaxpr):
+    if _core.ClosedJaxpr is not _core.Jaxpr and isinstance(value, _core.ClosedJaxpr):
         return _core.ClosedJaxpr(_rewrite_jaxpr(value.jaxpr), value.consts)
     if isinstance(value, _core.Jaxpr):
         return _rewrite_jaxpr(value)
@@ -250,9 +250,9 @@ def _rewrite_param(value):
 def _reciprocal_multiply(eqn, a, b):
     """Eqns for ``a * (1 / b)`` replacing ``a / b`` with a scalar ``b`` (same outvar)."""
     aval = b.aval
-    one = _core.Literal(np.ones((), aval.dtype)[()], _core.ShapedArray((), aval.dtype))
+    one = _core.Literal(np.ones((), aval.dtype)[()], _ShapedArray((), aval.dtype))
     one_v, one_eqn = _barrier_eqn(one, one.aval)
-    recip = _core.Var(_core.ShapedArray((), aval.dtype))
+    recip = _core.Var(_ShapedArray((), aval.dtype))
     return [
         one_eqn,
         _core.new_jaxpr_eqn([one_v, b], [recip], _div_p, {}, _core.no_effects),
