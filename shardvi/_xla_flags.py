@@ -38,14 +38,11 @@ STATE = ""
 
 
 def _backends_started() -> bool:
-    if "jax" not in sys.modules:
+    if "jax" not in sys.modules:  # before jax is imported: nothing started (and nothing imported here)
         return False
-    try:
-        from jax._src import xla_bridge
-    except ImportError:  # pragma: no cover -- a JAX without the module: assume it started
-        return True
-    started = getattr(xla_bridge, "backends_are_initialized", None)
-    return bool(started()) if started is not None else bool(getattr(xla_bridge, "_backends", True))
+    from ._jax_compat import backends_started
+
+    return backends_started()
 
 
 def prefer_depth_first_schedule() -> str:

@@ -17,7 +17,9 @@ okl = importlib.import_module("shardvi.vi.optimize_kl")  # the module (the packa
 
 
 def _cache(module, name):
-    return getattr(importlib.import_module(module), name)
+    from shardvi._jax_compat import lowered_cache
+
+    return lowered_cache(module, name)
 
 
 def test_release_drops_the_lowered_modules_and_keeps_the_executables():
@@ -42,7 +44,7 @@ def test_release_drops_the_lowered_modules_and_keeps_the_executables():
 
 
 def test_a_missing_cache_is_skipped(monkeypatch):
-    monkeypatch.setattr(lowered_cache, "LOWERED_CACHES", (("jax._src.pjit", "no_such_cache"), ("no_such.module", "x")))
+    monkeypatch.setattr(lowered_cache, "LOWERED_CACHES", (("shardvi", "no_such_cache"), ("no_such.module", "x")))
     assert lowered_cache.release_lowered_modules() == 0
 
 

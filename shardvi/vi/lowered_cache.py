@@ -17,19 +17,15 @@ executable was not kept elsewhere (the persistent compilation cache loads it).
 The engine calls it after the first call of each of its steps, when no step
 compiled ahead waits for its call (whose executable only that cache holds).
 
-The caches are JAX internals (``jax._src``): where a JAX version has no such
-cache, nothing is cleared.
+The caches are JAX internals, reached through :mod:`shardvi._jax_compat`: where a
+JAX version has no such cache, nothing is cleared.
 """
 
 from __future__ import annotations
 
-import importlib
+from .._jax_compat import LOWERED_CACHES, clear_lowered_caches
 
 __all__ = ["LOWERED_CACHES", "release_lowered_modules"]
-
-#: ``(module, function)`` of the caches cleared: the lowered computation per traced function and
-#: signature, and the MLIR module per jaxpr
-LOWERED_CACHES = (("jax._src.pjit", "_pjit_lower"), ("jax._src.interpreters.pxla", "_cached_lowering_to_hlo"))
 
 
 def release_lowered_modules() -> int:
@@ -38,13 +34,4 @@ def release_lowered_modules() -> int:
     Programs already called keep running from their executables without being lowered or
     compiled again (see the module docstring).
     """
-    cleared = 0
-    for module, name in LOWERED_CACHES:
-        try:
-            clear = getattr(getattr(importlib.import_module(module), name), "cache_clear", None)
-        except (ImportError, AttributeError):
-            continue
-        if callable(clear):
-            clear()
-            cleared += 1
-    return cleared
+    return clear_lowered_caches(LOWERED_CACHES)
