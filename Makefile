@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install clean docs test-fast lint
+.PHONY: demo test install clean docs test-fast lint test-current-jax
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,5 +42,20 @@ test: $(STAMP)
 test-fast: $(STAMP)  ## the suite without the tests marked slow (pytest -m "not slow"), for development
 	JAX_PLATFORMS=cpu $(PY) -m pytest -q -n 2 -m "not slow" tests
 
+# the second supported JAX: the newest jax the registry serves for Python 3.12 (pyenv's 3.12.1), in its own venv
+VENV_CUR := .venv-current-jax
+PY_CUR   := $(VENV_CUR)/bin/python
+STAMP_CUR := $(VENV_CUR)/.installed
+
+$(STAMP_CUR): pyproject.toml
+	PYENV_VERSION=3.12.1 python3.12 -m venv $(VENV_CUR)
+	$(PY_CUR) -m pip install --quiet --upgrade pip
+	$(PY_CUR) -m pip install --quiet -e '.[test]'
+	touch $(STAMP_CUR)
+
+test-current-jax: $(STAMP_CUR)  ## the suite on the newest jax for Python 3.12: all tests but the slow ones, every bitwise one
+	$(PY_CUR) -c 'import jax, sys; print(f"jax {jax.__version__} on Python {sys.version.split()[0]}")'
+	JAX_PLATFORMS=cpu $(PY_CUR) -m pytest -q -n 2 -m "not slow or product_compiler" tests
+
 clean:
-	rm -rf $(VENV) demo_output .pytest_cache site
+	rm -rf $(VENV) $(VENV_CUR) demo_output .pytest_cache site

@@ -35,13 +35,14 @@ from jax.interpreters import ad, batching, mlir
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-try:  # jax internals: the primitive needs the devices while lowering (like jax's own cuDNN attention)
-    from jax._src import dispatch as _dispatch
+from .._jax_compat import require_devices_during_lowering
+
+try:
     from jax.experimental.custom_partitioning import custom_partitioning
     from jax.extend.core import Primitive
 except ImportError:  # pragma: no cover - depends on the jax version
     # typed Any: used only after the `Primitive is not None` checks below
-    _dispatch = custom_partitioning = Primitive = cast(Any, None)
+    custom_partitioning = Primitive = cast(Any, None)
 
 __all__ = ["fftn", "normalize_axes", "slab_passes", "PARTITIONED_PRIMITIVES"]
 
@@ -149,7 +150,7 @@ if Primitive is not None:
     mlir.register_lowering(
         _fft_p, mlir.lower_fun(lambda x, *, axes: _partitioned(axes, x.ndim)(x), multiple_results=False)
     )
-    _dispatch.prim_requires_devices_during_lowering.add(_fft_p)
+    require_devices_during_lowering(_fft_p)  # its lowering (the partitioning rule) looks at the mesh
 
     def _batch_rule(args, dims, *, axes):
         (x,), (d,) = args, dims

@@ -31,18 +31,32 @@ divisor is an array-wide broadcast of a scalar computed in the program (the
 correlated field's normalizations, ``t / t[-1]``); :func:`opaque_constants`
 therefore writes every division by a scalar, ``x / scalar``, as
 ``x * (1 / scalar)`` itself, so that no program has a division left for XLA
-to rewrite. That includes ``scalar / scalar``: ``JitSharding`` maps the
-per-sample code over its device axis, where a per-sample ``scalar / 3.0``
-becomes an ``array / scalar``; the other strategies run it unbatched.
+to rewrite. That includes ``scalar / scalar``: a program that maps the
+per-sample code over a batch axis turns a per-sample ``scalar / 3.0`` into an
+``array / scalar``. Likewise ``x / sqrt(y)`` is written ``x * rsqrt(y)``, the
+form XLA's simplifier gives it in some programs and not in others.
 
-:func:`reproducible_jit` combines both; :class:`~shardvi.OptimizeVI` compiles
+3. Fused multiply-adds (jax >= 0.11). LLVM contracts a multiplication and an
+addition into one FMA wherever both land in the same kernel; with XLA:CPU's
+fusion emitters (the only ones from jax 0.11 on) and its compilation of small
+while loops as one function, which pairs share a kernel differs between a
+single-device and an SPMD program. :func:`opaque_constants` therefore writes
+each product that may reach an addition as ``(x * 0.5) * 2`` with opaque
+constants, whose contraction with the addition is exact (see ``_PRODUCTS``
+below). On jax 0.10.2, whose classic emitters the engine selects, this is
+not needed and not done.
+
+The jaxpr surgery goes through :mod:`shardvi._jax_compat`, the one module that
+knows the jaxpr structures of the supported jax versions.
+
+:func:`reproducible_jit` combines these; :class:`~shardvi.OptimizeVI` compiles
 its sampling and KL steps with it (for every strategy: in the fast mode
 ``reduce="psum"`` the cross-device sums are then the only difference). The
 remaining ingredients live in :func:`~shardvi.parallel.chunked_apply`: fixed
 chunk shapes, a loop trip count hidden from XLA and a spare chunk (so a
-one-chunk loop is not inlined into its context). Verified for jax 0.10.2 on
-XLA:CPU (``tests/test_parallel_reproducible.py``); another XLA version may
-need other measures. Cost: XLA's CSE is off and constants are not folded in
+one-chunk loop is not inlined into its context). Verified for jax 0.10.2 and
+0.12.0.1 on XLA:CPU (``tests/test_parallel_reproducible.py``); another XLA
+version may need other measures. Cost: XLA's CSE is off and constants are not folded in
 these steps (see ``BENCHMARKS.md``).
 """
 
@@ -53,27 +67,15 @@ import functools
 import inspect
 import types
 import warnings
-from typing import Any, cast
 
 import jax
 import jax.core
+import jax.extend.core as jex
 import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
 
-try:  # jax internals; without them the rewrite cannot be applied (a ReproducibilityWarning says so)
-    from jax._src import core as _core
-    from jax._src.lax.lax import div_p as _div_p
-    from jax._src.lax.lax import mul_p as _mul_p
-    from jax._src.lax.lax import optimization_barrier_p as _barrier_p
-    from jax._src.lax.lax import rsqrt_p as _rsqrt_p
-    from jax._src.lax.lax import sqrt_p as _sqrt_p
-
-    _IMPORT_ERROR = None
-except ImportError as _err:  # pragma: no cover - depends on the jax version
-    # typed Any: the helpers below use them only after _rewrite has checked `_core is not None`
-    _core = _barrier_p = _div_p = _mul_p = _rsqrt_p = _sqrt_p = cast(Any, None)
-    _IMPORT_ERROR = f"{type(_err).__name__}: {_err}"
+from .. import _jax_compat as compat
 
 __all__ = [
     "CPU_COMPILER_OPTIONS",
@@ -92,7 +94,7 @@ __all__ = [
 
 #: jax versions on which the bitwise tests (equal results across device counts and strategies) pass; also in
 #: pyproject.toml (``[tool.shardvi] bitwise-tested-jax``) and the README
-TESTED_JAX_VERSIONS = ("0.10.2",)
+TESTED_JAX_VERSIONS = ("0.10.2", "0.12.0.1")
 
 
 class ReproducibilityWarning(RuntimeWarning):
@@ -229,17 +231,24 @@ def _inexact(aval) -> bool:
     return dtype is not None and jnp.issubdtype(dtype, jnp.inexact)
 
 
+def _guarded_dtype(aval) -> bool:
+    return getattr(aval, "dtype", None) in (np.float32, np.float64)
+
+
+def _eqn(name, invars, outvars, **params):
+    prim, template = compat.primitive(name)
+    return compat.new_eqn(invars, outvars, prim, {**template, **params})
+
+
 def _barrier_eqn(invar, aval):
-    out = _core.Var(aval)
-    eqn = _core.new_jaxpr_eqn([invar], [out], _barrier_p, {}, _core.no_effects)
-    return out, eqn
+    out = jex.Var(aval)
+    return out, _eqn("optimization_barrier", [invar], [out])
 
 
 def _rewrite_param(value):
-    if isinstance(value, _core.ClosedJaxpr):
-        return _core.ClosedJaxpr(_rewrite_jaxpr(value.jaxpr), value.consts)
-    if isinstance(value, _core.Jaxpr):
-        return _rewrite_jaxpr(value)
+    rewritten = compat.closed_jaxpr_map(value, _rewrite_jaxpr)
+    if rewritten is not None:
+        return rewritten
     if type(value) is tuple:  # exactly tuple: not NamedTuples (e.g. a PRNG implementation)
         return tuple(_rewrite_param(v) for v in value)
     if type(value) is list:
@@ -247,32 +256,139 @@ def _rewrite_param(value):
     return value
 
 
-def _reciprocal_multiply(eqn, a, b):
+class _Ones:
+    """Opaque constants of one jaxpr, per value, dtype and varying axes: a literal behind an optimization
+    barrier (and a ``pvary`` inside a ``shard_map`` with ``check_vma=True``), created where first needed."""
+
+    def __init__(self, eqns):
+        self.eqns = eqns
+        self.vars = {}
+
+    def __call__(self, dtype, axes=(), value=1.0):
+        key = (np.dtype(dtype), axes, value)
+        if key not in self.vars:
+            lit = jex.Literal(np.asarray(value, dtype)[()], compat.shaped_array((), dtype))
+            one, eqn = _barrier_eqn(lit, lit.aval)
+            self.eqns.append(eqn)
+            if axes:
+                varying = jex.Var(compat.shaped_array((), dtype))
+                self.eqns.append(_eqn("pvary", [one], [varying], axes=axes))
+                one = varying
+            self.vars[key] = one
+        return self.vars[key]
+
+
+def _scale(var, ones, value):
+    """Eqns for ``var * value`` (``value`` an opaque constant); the new var."""
+    aval = var.aval
+    c = ones(aval.dtype, compat.varying_axes(aval), value)
+    eqns = []
+    if aval.shape:
+        b = jex.Var(aval)
+        eqns.append(_eqn("broadcast_in_dim", [c], [b], shape=tuple(aval.shape), broadcast_dimensions=()))
+        c = b
+    out = jex.Var(aval)
+    return [*eqns, _eqn("mul", [var, c], [out])], out
+
+
+def _guard(var, ones):
+    """Eqns for ``(var * 0.5) * 2`` (opaque constants, see :data:`_PRODUCTS`); the new var."""
+    half, h = _scale(var, ones, 0.5)
+    two, out = _scale(h, ones, 2.0)
+    return half + two, out
+
+
+def _reciprocal_multiply(eqn, a, b, ones):
     """Eqns for ``a * (1 / b)`` replacing ``a / b`` with a scalar ``b`` (same outvar)."""
-    aval = b.aval
-    one = _core.Literal(np.ones((), aval.dtype)[()], _core.ShapedArray((), aval.dtype))
-    one_v, one_eqn = _barrier_eqn(one, one.aval)
-    recip = _core.Var(_core.ShapedArray((), aval.dtype))
-    return [
-        one_eqn,
-        _core.new_jaxpr_eqn([one_v, b], [recip], _div_p, {}, _core.no_effects),
-        eqn.replace(invars=[a, recip], primitive=_mul_p, params={}),
-    ]
+    recip = jex.Var(b.aval)
+    one = ones(b.aval.dtype, compat.varying_axes(b.aval))
+    return [_eqn("div", [one, b], [recip]), _eqn("mul", [a, recip], eqn.outvars)]
 
 
 def _rsqrt_multiply(eqn, a, y):
     """Eqns for ``a * rsqrt(y)`` replacing ``a / sqrt(y)`` (same outvar)."""
-    r = _core.Var(y.aval)
-    return [
-        _core.new_jaxpr_eqn([y], [r], _rsqrt_p, {"accuracy": None}, _core.no_effects),
-        eqn.replace(invars=[a, r], primitive=_mul_p, params={}),
-    ]
+    r = jex.Var(y.aval)
+    return [_eqn("rsqrt", [y], [r]), _eqn("mul", [a, r], eqn.outvars)]
+
+
+#: Primitives whose result is a multiplication (``div`` by a scalar and by a square root becomes one here).
+#: LLVM contracts a multiplication and an addition that uses it into one fused multiply-add wherever both
+#: land in the same kernel. On jax >= 0.11 (XLA:CPU's fusion emitters only, small while loops compiled as
+#: one function) which ones do depends on XLA's fusion decisions, which differ between a single-device and
+#: an SPMD program and between a program with and without a batch axis of one
+#: (``tests/test_parallel_reproducible.py``). There a float32/float64 product that may reach an addition
+#: is written ``(x * 0.5) * 2`` with opaque constants: a contraction of ``((x * 0.5) * 2) + y`` is
+#: ``x + y`` rounded once, the value of the uncontracted sum, so every program gets the same bits. Not
+#: ``x * 1``: LLVM folds a multiplication by a constant one where XLA compiles a loop into one function;
+#: ``(x * 0.5) * 2`` it folds nowhere. It is ``x`` for every ``x`` but those in the lowest binade of
+#: normal numbers (below ``2 * finfo.tiny``: 4.5e-308, 2.4e-38), which become 0 (XLA:CPU flushes the
+#: subnormal ``x * 0.5``). See :func:`shardvi._jax_compat.guard_products`.
+_PRODUCTS = frozenset({"mul", "div", "integer_pow", "square", "dot_general"})
+#: Consumers that use a value only as a factor, divisor or argument (never add to it): a product used by
+#: these alone needs no guard. Everything else (additions, reductions, transcendental functions whose
+#: expansion adds to their argument, control flow, outputs) may contract with it.
+_FACTOR_USES = frozenset(
+    {"mul", "div", "integer_pow", "square", "sqrt", "rsqrt", "exp", "exp2", "log", "abs", "sign", "max", "min",
+     "lt", "le", "gt", "ge", "eq", "ne", "is_finite", "reduce_max", "reduce_min", "argmax", "argmin", "dot_general"}
+)  # fmt: skip
+#: Consumers that pass values through unchanged (their users decide)
+_PASS_THROUGH = frozenset(
+    {"reshape", "squeeze", "expand_dims", "broadcast_in_dim", "transpose", "slice", "dynamic_slice", "rev",
+     "concatenate", "pad", "gather", "select_n", "copy", "copy_p", "convert_element_type", "dynamic_update_slice",
+     "optimization_barrier"}
+)  # fmt: skip
+
+
+def _products_to_guard(jaxpr) -> set:
+    """Outvars of :data:`_PRODUCTS` (real floating) whose value may reach an addition (see there)."""
+    users = {}
+    for eqn in jaxpr.eqns:
+        for x in eqn.invars:
+            if not isinstance(x, jex.Literal):
+                users.setdefault(x, []).append(eqn)
+    outs = {x for x in jaxpr.outvars if not isinstance(x, jex.Literal)}
+    memo = {}
+
+    def reaches_addition(v, depth=0) -> bool:
+        if v in memo:
+            return memo[v]
+        memo[v] = False  # (acyclic; a default while recursing)
+        hit = v in outs or depth > 64
+        for eqn in users.get(v, ()):
+            if hit:
+                break
+            name = eqn.primitive.name
+            if name in _PASS_THROUGH:
+                hit = any(reaches_addition(o, depth + 1) for o in eqn.outvars)
+            elif name not in _FACTOR_USES:
+                hit = True
+        memo[v] = hit
+        return hit
+
+    sqrts = {e.outvars[0] for e in jaxpr.eqns if e.primitive.name == "sqrt"}
+
+    def product(eqn) -> bool:  # a division only where the rewrite makes it a multiplication
+        if eqn.primitive.name == "div":
+            b = eqn.invars[1]
+            return not b.aval.shape or b in sqrts
+        return eqn.primitive.name in _PRODUCTS
+
+    return {
+        eqn.outvars[0]
+        for eqn in jaxpr.eqns
+        if product(eqn)
+        and len(eqn.outvars) == 1
+        and _guarded_dtype(eqn.outvars[0].aval)
+        and reaches_addition(eqn.outvars[0])
+    }
 
 
 def _rewrite_jaxpr(jaxpr):
     eqns = []
+    ones = _Ones(eqns)
     subst = {}
     sqrt_of = {}  # outvar of a sqrt in this jaxpr -> its operand
+    guard = _products_to_guard(jaxpr) if compat.guard_products() else set()
     for v in jaxpr.constvars:
         if _inexact(v.aval):
             nv, eqn = _barrier_eqn(v, v.aval)
@@ -281,8 +397,8 @@ def _rewrite_jaxpr(jaxpr):
     for eqn in jaxpr.eqns:
         invars = []
         for x in eqn.invars:
-            if isinstance(x, _core.Literal):
-                if _inexact(x.aval) and eqn.primitive is not _barrier_p:
+            if isinstance(x, jex.Literal):
+                if _inexact(x.aval) and eqn.primitive.name != "optimization_barrier":
                     nv, beqn = _barrier_eqn(x, x.aval)
                     eqns.append(beqn)
                     invars.append(nv)
@@ -291,37 +407,32 @@ def _rewrite_jaxpr(jaxpr):
             else:
                 invars.append(subst.get(x, x))
         params = {k: _rewrite_param(v) for k, v in eqn.params.items()}
-        if eqn.primitive is _div_p and _inexact(eqn.outvars[0].aval) and not invars[1].aval.shape:
+        name = eqn.primitive.name
+        out = eqn.outvars[0] if len(eqn.outvars) == 1 else None
+        if name == "div" and _inexact(out.aval) and not invars[1].aval.shape:
             # x / scalar: XLA rewrites A / broadcast(b) into A * broadcast(1 / b) in some programs and
             # not in others (depending on b's users); do it here, the same way everywhere
-            eqns.extend(_reciprocal_multiply(eqn, invars[0], invars[1]))
-            continue
-        if eqn.primitive is _div_p and _inexact(eqn.outvars[0].aval) and invars[1] in sqrt_of:
+            eqns.extend(_reciprocal_multiply(eqn, invars[0], invars[1], ones))
+        elif name == "div" and _inexact(out.aval) and invars[1] in sqrt_of:
             # x / sqrt(y): XLA's simplifier makes it x * rsqrt(y) in some programs (one device) and not in
             # others (a GSPMD-partitioned one); write the rsqrt form here, the same way everywhere
             eqns.extend(_rsqrt_multiply(eqn, invars[0], sqrt_of[invars[1]]))
-            continue
-        if eqn.primitive is _sqrt_p and _inexact(eqn.outvars[0].aval):
-            sqrt_of[eqn.outvars[0]] = invars[0]
-        eqns.append(eqn.replace(invars=invars, params=params))
-    outvars = [x if isinstance(x, _core.Literal) else subst.get(x, x) for x in jaxpr.outvars]
+        else:
+            if name == "sqrt" and _inexact(out.aval):
+                sqrt_of[out] = invars[0]
+            eqns.append(eqn.replace(invars=invars, params=params))
+        if out is not None and out in guard:
+            more, subst[out] = _guard(out, ones)
+            eqns.extend(more)
+    outvars = [x if isinstance(x, jex.Literal) else subst.get(x, x) for x in jaxpr.outvars]
     return jaxpr.replace(eqns=eqns, outvars=outvars)
 
 
 def _rewrite(closed):
     """The rewritten jaxpr; where the rewrite cannot be applied, the original one and a warning."""
-    if _core is None:
-        warnings.warn(
-            f"shardvi: the jax internals the reproducibility rewrite needs are missing in jax "
-            f"{jax.__version__} ({_IMPORT_ERROR}); programs compile unchanged and bitwise equality "
-            f"across device counts is not guaranteed",
-            ReproducibilityWarning,
-            stacklevel=4,
-        )
-        return closed.jaxpr
     try:
         return _rewrite_jaxpr(closed.jaxpr)
-    except (AttributeError, TypeError, ValueError, KeyError) as err:  # a jaxpr structure this jax version changed
+    except (AttributeError, TypeError, ValueError, KeyError, AssertionError) as err:  # a changed jaxpr structure
         warnings.warn(
             f"shardvi: the reproducibility rewrite failed on this program ({type(err).__name__}: "
             f"{err}); it compiles unchanged and bitwise equality across device counts is not "
