@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 #: JAX versions whose internals this module is written and tested for (``tests/test_jax_compat.py``)
-SUPPORTED_JAX_VERSIONS = ("0.10.2", "0.12.0.1")
+SUPPORTED_JAX_VERSIONS = ("0.10.2", "0.11.2", "0.12.0.1")
 
 
 def jax_version(version: str | None = None) -> tuple[int, ...]:
@@ -51,7 +51,7 @@ def jax_version(version: str | None = None) -> tuple[int, ...]:
 
 
 # ---------------------------------------------------------------------------------------------- jaxprs
-#: jax 0.12: ``ClosedJaxpr`` is the class ``Jaxpr`` (a jaxpr carries its constants); jax 0.10.2: a wrapper
+#: jax >= 0.11: ``ClosedJaxpr`` is the class ``Jaxpr`` (a jaxpr carries its constants); jax 0.10.2: a wrapper
 #: ``ClosedJaxpr(jaxpr, consts)``
 CLOSED_JAXPR_IS_JAXPR = jex.ClosedJaxpr is jex.Jaxpr
 
@@ -60,7 +60,7 @@ def closed_jaxpr_map(value, rewrite):
     """``rewrite`` (``Jaxpr -> Jaxpr``) applied to a jaxpr held in an equation's parameter; ``None`` if it is none.
 
     A closed jaxpr keeps its constants: on jax 0.10.2 ``ClosedJaxpr(rewrite(value.jaxpr), value.consts)``;
-    on jax 0.12 the jaxpr itself carries them and ``rewrite`` keeps them (``Jaxpr.replace``).
+    on jax >= 0.11 the jaxpr itself carries them and ``rewrite`` keeps them (``Jaxpr.replace``).
     """
     if not CLOSED_JAXPR_IS_JAXPR and isinstance(value, jex.ClosedJaxpr):
         return jex.ClosedJaxpr(rewrite(value.jaxpr), value.consts)
@@ -91,28 +91,20 @@ def primitive(name: str):
     """``(primitive, params)`` of ``name`` as ``jax.lax`` binds it on the running version (traced once).
 
     ``name``: ``"mul"``, ``"div"``, ``"rsqrt"``, ``"broadcast_in_dim"``, ``"optimization_barrier"``
-    (``jax.lax.optimization_barrier``) or ``"pvary"`` (``jax.lax.pcast(..., to="varying")`` inside a
-    ``shard_map``). The parameters are those of a float32 template: shapes and axes are the caller's
-    to replace (``broadcast_in_dim``: ``shape``, ``broadcast_dimensions``; ``pvary``: ``axes``).
+    (``jax.lax.optimization_barrier``) or ``"pvary"`` (what ``jax.lax.pcast(..., to="varying")``
+    binds inside a ``shard_map``: JAX's own primitive object). The parameters are those of a float32
+    template: shapes and axes are the caller's to replace (``broadcast_in_dim``: ``shape``,
+    ``broadcast_dimensions``; ``pvary``: ``axes``).
     """
     x = jax.ShapeDtypeStruct((2,), np.float32)
     s = jax.ShapeDtypeStruct((), np.float32)
     lax = jax.lax
     if name == "pvary":
-        from jax.sharding import Mesh
-        from jax.sharding import PartitionSpec as P
+        # not traced from a template: that needs a shard_map of its own, which cannot be traced inside another
+        # shard_map (the engine's rewrite runs there); tests/test_jax_compat.py checks that a pcast binds it
+        from jax._src import core
 
-        mesh = Mesh(np.array(jax.devices()[:1]), ("_compat",))
-        body = lambda v: v * lax.pcast(np.float32(1), ("_compat",), to="varying")  # noqa: E731
-        f = jax.shard_map(body, mesh=mesh, in_specs=P("_compat"), out_specs=P("_compat"), check_vma=True)
-        outer = jax.make_jaxpr(f)(jax.ShapeDtypeStruct((1,), np.float32)).jaxpr
-        inner = [sub for e in outer.eqns for sub in jex.jaxprs_in_params(e.params)]
-        if len(inner) != 1:
-            raise AssertionError(f"a shard_map traced to {[e.primitive.name for e in outer.eqns]}")
-        eqn = _single_eqn(inner[0], "pvary")
-        if set(eqn.params) != {"axes"}:
-            raise AssertionError(f"pvary binds with {sorted(eqn.params)}, expected ['axes']")
-        return eqn.primitive, dict(eqn.params)
+        return core.pvary_p, {"axes": ()}
     templates = {
         "mul": (lax.mul, (x, x)),
         "div": (lax.div, (x, x)),
@@ -163,5 +155,5 @@ def guard_products(version: str | None = None) -> bool:
 
 def plain_fft_gathers_batch(version: str | None = None) -> bool:
     """Whether the XLA of this JAX gathers a batch-sharded plain ``jnp.fft.fftn`` under ``jit`` (GSPMD has no
-    FFT rule there): jax 0.10.2 yes, jax 0.12 no (checked for 0.12.0.1; 0.11 is assumed to gather)."""
+    FFT rule there): jax 0.10.2 and 0.11.2 yes, jax 0.12 no."""
     return jax_version(version) < (0, 12)
