@@ -324,12 +324,13 @@ def _rsqrt_multiply(eqn, a, y):
 #: normal numbers (below ``2 * finfo.tiny``: 4.5e-308, 2.4e-38), which become 0 (XLA:CPU flushes the
 #: subnormal ``x * 0.5``). See :func:`shardvi._jax_compat.guard_products`.
 _PRODUCTS = frozenset({"mul", "div", "integer_pow", "square", "dot_general"})
-#: Consumers that use a value only as a factor, divisor or argument (never add to it): a product used by
-#: these alone needs no guard. Everything else (additions, reductions, transcendental functions whose
-#: expansion adds to their argument, control flow, outputs) may contract with it.
+#: Consumers that use a value only as a factor, divisor or comparand (never add to it): a product used by
+#: these alone needs no guard. Everything else (additions, reductions, the functions XLA expands into
+#: polynomials or range reductions that may add to their argument, control flow, outputs) may contract
+#: with it.
 _FACTOR_USES = frozenset(
-    {"mul", "div", "integer_pow", "square", "sqrt", "rsqrt", "exp", "exp2", "log", "abs", "sign", "max", "min",
-     "lt", "le", "gt", "ge", "eq", "ne", "is_finite", "reduce_max", "reduce_min", "argmax", "argmin", "dot_general"}
+    {"mul", "div", "integer_pow", "square", "sqrt", "abs", "sign", "max", "min", "lt", "le", "gt", "ge", "eq",
+     "ne", "is_finite", "reduce_max", "reduce_min", "argmax", "argmin", "dot_general"}
 )  # fmt: skip
 #: Consumers that pass values through unchanged (their users decide)
 _PASS_THROUGH = frozenset(
