@@ -374,22 +374,8 @@ class OptimizeVI:
             return Samples(pos, empty, None), [], [], plan.mode, [], []
         if plan.source is SampleSource.UPDATE:
             keys = samples.keys
-            signs = self._signs(n)
-            self._stage("geoVI update", ("curve", nonlin, n))
-            r, nl_nit, st, ok = self._curve(
-                self._split(pos), self._split(samples.residuals), self._expand(keys), signs, config=nonlin
-            )
-            self._called(("curve", nonlin, n))
-            check_sampling_finite(ok, st, iteration, "sampling (geoVI update)")
-            nl_st = sample_status(
-                st,
-                iteration,
-                self.n_total_iterations,
-                "sampling (geoVI update)",
-                "nonlinear_update",
-                metric_must_be_pd=False,
-            )
-            return Samples(pos, r, keys), [], np.asarray(nl_nit).tolist(), plan.mode, [], nl_st
+            r, nl_nit, nl_st = self._geovi_update(pos, samples.residuals, keys, n, nonlin, iteration)
+            return Samples(pos, r, keys), [], nl_nit, plan.mode, [], nl_st
         if plan.fallback:
             logger.info("nonlinear_update without previous samples of the same count: drawing fresh ones")
         mode = plan.mode
@@ -410,22 +396,26 @@ class OptimizeVI:
             r = self._interleave(self._split(r))
         nl_nit, nl_st = [], []
         if mode.nonlinear:
-            self._stage("geoVI update", ("curve", nonlin, n))
-            r, nl, st, ok = self._curve(
-                self._split(pos), self._split(r), self._expand(keys), self._signs(n), config=nonlin
-            )
-            self._called(("curve", nonlin, n))
-            check_sampling_finite(ok, st, iteration, "sampling (geoVI update)")
-            nl_nit = np.asarray(nl).tolist()
-            nl_st = sample_status(
-                st,
-                iteration,
-                self.n_total_iterations,
-                "sampling (geoVI update)",
-                "nonlinear_update",
-                metric_must_be_pd=False,
-            )
+            r, nl_nit, nl_st = self._geovi_update(pos, r, keys, n, nonlin, iteration)
         return Samples(pos, r, keys), np.asarray(cg_nit).tolist(), nl_nit, mode, cg_st, nl_st
+
+    def _geovi_update(self, pos, residuals, keys, n, nonlin, iteration):
+        """The geoVI step on ``residuals`` (``n`` keys, mirrored as drawn): ``(residuals, nit, statuses)``."""
+        self._stage("geoVI update", ("curve", nonlin, n))
+        r, nit, st, ok = self._curve(
+            self._split(pos), self._split(residuals), self._expand(keys), self._signs(n), config=nonlin
+        )
+        self._called(("curve", nonlin, n))
+        check_sampling_finite(ok, st, iteration, "sampling (geoVI update)")
+        status = sample_status(
+            st,
+            iteration,
+            self.n_total_iterations,
+            "sampling (geoVI update)",
+            "nonlinear_update",
+            metric_must_be_pd=False,
+        )
+        return r, np.asarray(nit).tolist(), status
 
     def _split(self, tree, kl: bool = False):
         """Latents for a step of the sampling (``kl=False``) or KL strategy: a field-split likelihood's grid
