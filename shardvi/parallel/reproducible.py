@@ -411,16 +411,16 @@ def _rewrite_jaxpr(jaxpr):
         params = {k: _rewrite_param(v) for k, v in eqn.params.items()}
         name = eqn.primitive.name
         out = eqn.outvars[0] if len(eqn.outvars) == 1 else None
-        if name == "div" and _inexact(out.aval) and not invars[1].aval.shape:
+        if name == "div" and out is not None and _inexact(out.aval) and not invars[1].aval.shape:
             # x / scalar: XLA rewrites A / broadcast(b) into A * broadcast(1 / b) in some programs and
             # not in others (depending on b's users); do it here, the same way everywhere
             eqns.extend(_reciprocal_multiply(eqn, invars[0], invars[1], ones))
-        elif name == "div" and _inexact(out.aval) and invars[1] in sqrt_of:
+        elif name == "div" and out is not None and _inexact(out.aval) and invars[1] in sqrt_of:
             # x / sqrt(y): XLA's simplifier makes it x * rsqrt(y) in some programs (one device) and not in
             # others (a GSPMD-partitioned one); write the rsqrt form here, the same way everywhere
             eqns.extend(_rsqrt_multiply(eqn, invars[0], sqrt_of[invars[1]]))
         else:
-            if name == "sqrt" and _inexact(out.aval):
+            if name == "sqrt" and out is not None and _inexact(out.aval):
                 sqrt_of[out] = invars[0]
             eqns.append(eqn.replace(invars=invars, params=params))
         if out is not None and out in guard:
