@@ -17,7 +17,8 @@ Problems (``PROBLEMS``):
   exponential kernel, Cholesky in the model), Poisson counts of its exponential.
 - ``lognormal_mask``: a log-normal 1-D field (fixed spectrum) behind a mask, Gaussian noise.
 - ``cf_spectrum``: ``sv.CorrelatedFieldMaker`` 1-D field with learned offset, fluctuations and
-  spectral slope, Gaussian noise on a masked grid.
+  spectral slope, Gaussian noise on a masked grid (the three hyperparameters are reported with
+  the field).
 - ``linear``: a 1-D Wiener filter (the control: MGVI and geoVI are exact up to sampling noise).
 """
 
@@ -42,6 +43,9 @@ class Problem(NamedTuple):
     #: for the NUTS reference only: ``z -> (xi, log|det dxi/dz|)``, a parametrization in which NUTS
     #: mixes well (the posterior of the quantities is the same in every parametrization)
     nuts_coordinates: object = None
+    #: where the benchmark's VI runs start (``pos0`` if None): away from a funnel's neck, where
+    #: the problem has one (``bench_accuracy.py --start pos0`` starts at ``pos0`` instead)
+    start: dict | None = None
 
 
 def _f64(shape=()):
@@ -87,8 +91,12 @@ def _brownian(sv, student: bool) -> Problem:
         return {**z, "path": z["path"] / tau}, -n * 2.0 * z["innov"]
 
     pos0 = jax.tree.map(lambda x: 0.1 * jnp.ones_like(x), xi_true)
+    # pos0's path latents are small: the neck of the funnel between the innovation scale and the
+    # path, where MGVI's linear samples are wide along it. The VI start has path latents of unit
+    # size (a fixed standard-normal draw), the two scales as in pos0.
+    start = {**pos0, "path": jnp.asarray(np.random.default_rng(3).normal(size=n))}
     name = "noise_student" if student else "noise_gauss"
-    return Problem(name, lh.amend(model), quantities, xi_true, pos0, centered)
+    return Problem(name, lh.amend(model), quantities, xi_true, pos0, centered, start)
 
 
 def _funnel(sv) -> Problem:
@@ -190,7 +198,13 @@ def _cf_spectrum(sv) -> Problem:
     idx = _masked(n, rng)
 
     def quantities(xi):
-        return {"signal": field(xi)}
+        h = field.hyperparameters(xi)
+        return {
+            "signal": field(xi),
+            "offset_std": h["cfzeromode"],
+            "fluctuations": h["cfffluctuations"],
+            "slope": h["cffloglogavgslope"],
+        }
 
     model = sv.Model(lambda xi: field(xi)[idx], field.domain)
     xi_true = field.init(jax.random.PRNGKey(19))
@@ -241,6 +255,23 @@ def brownian_quadrature(problem: Problem, n_grid: int = 801) -> dict:
         "innov_scale": moments(np.sqrt(tau2)),
         "path": (path_mean, np.sqrt(path_var)),
     }
+
+
+def wiener_exact(problem: Problem) -> dict:
+    """The exact posterior moments of ``linear`` (``{"signal": (mean, std)}``): the Wiener filter.
+
+    The model is linear, ``d = R xi + n`` with ``xi ~ N(0, I)`` and white noise: the posterior of
+    ``xi`` is ``N(D R^T N^{-1} d, D)`` with ``D = (1 + R^T N^{-1} R)^{-1}``, and the signal
+    ``S xi`` has mean ``S m`` and covariance ``S D S^T`` (``R``, ``S`` by ``jax.jacfwd``).
+    """
+    lh = problem.lh
+    x0 = jnp.zeros_like(problem.xi_true["f"])
+    resp = np.asarray(jax.jacfwd(lambda v: lh.model({"f": v}))(x0))
+    sig = np.asarray(jax.jacfwd(lambda v: problem.quantities({"f": v})["signal"])(x0))
+    ninv = np.broadcast_to(1.0 / np.asarray(lh.likelihood.noise_std) ** 2, resp.shape[:1])
+    d_cov = np.linalg.inv(np.eye(x0.size) + resp.T @ (ninv[:, None] * resp))
+    mean = d_cov @ (resp.T @ (ninv * np.asarray(lh.likelihood.data)))
+    return {"signal": (sig @ mean, np.sqrt(np.diag(sig @ d_cov @ sig.T)))}
 
 
 def make(name: str) -> Problem:
