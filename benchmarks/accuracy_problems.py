@@ -159,34 +159,28 @@ def _masked(n, rng):
     return np.flatnonzero(keep)
 
 
-def _lognormal_mask(sv) -> Problem:
-    n, rng = 48, np.random.default_rng(13)
-    idx, field = _masked(n, rng), _spectral_field(n, amp=0.8)
+def _masked_field(sv, name, seed, link, amp=1.0) -> Problem:
+    """A 48-pixel stationary field behind a mask, ``signal = link(field)``, Gaussian noise of std 0.3."""
+    n, rng = 48, np.random.default_rng(seed)
+    idx, field = _masked(n, rng), _spectral_field(n, amp=amp)
     domain = {"f": _f64((n,))}
 
     def quantities(xi):
-        return {"signal": jnp.exp(field(xi["f"]))}
+        return {"signal": link(field(xi["f"]))}
 
     model = sv.Model(lambda xi: quantities(xi)["signal"][idx], domain)
     xi_true = {"f": jnp.asarray(rng.normal(size=n))}
     data = np.asarray(model(xi_true)) + 0.3 * rng.normal(size=idx.size)
     pos0 = {"f": jnp.zeros(n)}
-    return Problem("lognormal_mask", sv.Gaussian(data, noise_std=0.3).amend(model), quantities, xi_true, pos0)
+    return Problem(name, sv.Gaussian(data, noise_std=0.3).amend(model), quantities, xi_true, pos0)
+
+
+def _lognormal_mask(sv) -> Problem:
+    return _masked_field(sv, "lognormal_mask", 13, jnp.exp, amp=0.8)
 
 
 def _linear(sv) -> Problem:
-    n, rng = 48, np.random.default_rng(17)
-    idx, field = _masked(n, rng), _spectral_field(n)
-    domain = {"f": _f64((n,))}
-
-    def quantities(xi):
-        return {"signal": field(xi["f"])}
-
-    model = sv.Model(lambda xi: quantities(xi)["signal"][idx], domain)
-    xi_true = {"f": jnp.asarray(rng.normal(size=n))}
-    data = np.asarray(model(xi_true)) + 0.3 * rng.normal(size=idx.size)
-    pos0 = {"f": jnp.zeros(n)}
-    return Problem("linear", sv.Gaussian(data, noise_std=0.3).amend(model), quantities, xi_true, pos0)
+    return _masked_field(sv, "linear", 17, lambda f: f)
 
 
 def _cf_spectrum(sv) -> Problem:
