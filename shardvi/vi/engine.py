@@ -275,10 +275,11 @@ class OptimizeVI:
 
     # -- compiling ahead -----------------------------------------------------------------------
     def _precompile_ahead(self, samples: Samples, state: OptimizeVIState) -> None:
-        """Submit the steps of this iteration (all but the first, compiled by its call) and of the later ones.
+        """Submit the steps of this iteration and, inside :meth:`run`, of the later ones.
 
         Once per run (the iterations from ``state.nit`` on, in the order they call their
-        steps; a step already submitted is not submitted again). Stand-in arguments with the
+        steps; a step already submitted is not submitted again). Each is lowered here, in
+        the calling thread, and compiled in the background while the earlier steps run. Stand-in arguments with the
         shapes, dtypes and placements of the real calls: the background compilations fill
         the steps' own JAX caches (see :mod:`.precompile`).
         """
