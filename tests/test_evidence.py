@@ -12,7 +12,7 @@ N_LAT, N_DATA, NOISE, OFFSET = 30, 20, 0.4, 0.5
 
 
 def linear_problem(prior_scale=1.0, seed=2, data_scale=1.0, data_blocks=None):
-    """``d = R (scale * xi) + offset + n``: lh, the exact log-evidence (without ``1/2 log det 2 pi N``), metric.
+    """``d = R (scale * xi) + offset + n``: lh, the exact log-evidence ``log p(d)``, metric.
 
     ``data_blocks``: the rows of ``R`` as the model's ``data_inputs``, the data amended in that many blocks."""
     rng = np.random.default_rng(seed)
@@ -28,7 +28,6 @@ def linear_problem(prior_scale=1.0, seed=2, data_scale=1.0, data_blocks=None):
         lh = sv.Gaussian(d, noise_std=NOISE).amend(model, data_blocks=data_blocks)
     cov = prior_scale**2 * R @ R.T + NOISE**2 * np.eye(N_DATA)
     log_z = scipy.stats.multivariate_normal(mean=np.full(N_DATA, OFFSET), cov=cov).logpdf(d)
-    log_z += 0.5 * N_DATA * np.log(2 * np.pi * NOISE**2)  # the normalization the likelihoods drop
     metric = np.eye(N_LAT) + prior_scale**2 * R.T @ R / NOISE**2
     return lh, log_z, metric
 
@@ -46,9 +45,11 @@ def test_dense_is_exact_log_evidence(exact):
     assert elbo.method == "dense" and elbo.n_latent == N_LAT and elbo.n_relevant == N_DATA
     np.testing.assert_allclose(elbo.log_det_metric, np.linalg.slogdet(metric)[1], rtol=1e-12)
     np.testing.assert_allclose(elbo.eigenvalues, np.flip(np.linalg.eigvalsh(metric)), rtol=1e-10)
-    # per sample: -H(xi_i) + n/2 - log det M / 2
+    # per sample: -H(xi_i) - c + n/2 - log det M / 2, c = log det(2 pi N) / 2
+    c = 0.5 * N_DATA * np.log(2 * np.pi * NOISE**2)
+    assert elbo.normalization == pytest.approx(c, rel=1e-14)
     h = np.array([float(sv.vi.hamiltonian(lh, x)) for x in samples])
-    np.testing.assert_allclose(elbo.per_sample, -h + N_LAT / 2 - elbo.log_det_metric / 2, rtol=1e-12)
+    np.testing.assert_allclose(elbo.per_sample, -h - c + N_LAT / 2 - elbo.log_det_metric / 2, rtol=1e-12)
     # exact posterior samples: the bound is the evidence, up to the Monte-Carlo error of E_q[H]
     assert abs(elbo.value - log_z) < 4 * elbo.std
     # antithetic pairs around the exact mean: H(m +- r) = H(m) + r.M.r / 2, r.M.r ~ chi^2_n; the standard error
@@ -115,6 +116,48 @@ def test_model_comparison_picks_the_true_prior():
         exact_values.append(log_z)
     assert exact_values[0] > exact_values[1] + 3  # the true prior is the better model, decisively
     assert values[0] > values[1] + 3
+
+
+def test_nifty_convention_leaves_out_the_normalization(exact):
+    """normalized=False: the value of NIFTy.re's convention, exactly c above the true bound's."""
+    lh, _, _, samples = exact
+    full = sv.estimate_evidence_lower_bound(lh, samples)
+    bare = sv.estimate_evidence_lower_bound(lh, samples, normalized=False)
+    assert bare.normalization == 0.0
+    assert bare.value - full.value == pytest.approx(full.normalization, rel=1e-12)
+
+
+def test_exact_log_evidence_of_a_complex_gaussian_with_a_diagonal_precision():
+    """Complex data (independent real and imaginary noise) and per-datum noise_cov_inv: the bound of the
+    exact posterior is log p(d) of the real and imaginary parts, a Gaussian of twice the data size."""
+    rng = np.random.default_rng(7)
+    n_lat, n_data = 12, 9
+    a = rng.normal(size=(n_data, n_lat)) + 1j * rng.normal(size=(n_data, n_lat))
+    var = rng.uniform(0.1, 0.5, size=n_data)  # per real component
+    d = a @ rng.normal(size=n_lat) + np.sqrt(var) * (rng.normal(size=n_data) + 1j * rng.normal(size=n_data))
+    aj = jnp.asarray(a)
+    model = sv.Model(lambda xi: aj @ xi.astype(jnp.complex128), jax.ShapeDtypeStruct((n_lat,), jnp.float64))
+    lh = sv.Gaussian(d, noise_cov_inv=1.0 / var).amend(model)
+    samples, _ = sv.wiener_filter_posterior(lh, key=jax.random.PRNGKey(2), n_samples=200)
+    real = np.concatenate([a.real, a.imag])
+    cov = real @ real.T + np.diag(np.concatenate([var, var]))
+    log_z = scipy.stats.multivariate_normal(mean=np.zeros(2 * n_data), cov=cov).logpdf(np.concatenate([d.real, d.imag]))
+    elbo = sv.estimate_evidence_lower_bound(lh, samples)
+    assert abs(elbo.value - log_z) < 4 * elbo.std
+
+
+def test_refuses_a_point_estimate_and_an_unknown_normalization(exact):
+    lh, _, _, samples = exact
+    with pytest.raises(ValueError, match="no posterior samples.*n_samples"):
+        sv.estimate_evidence_lower_bound(lh, sv.Samples(samples.pos, jnp.zeros((0, N_LAT))))
+    dom = jax.ShapeDtypeStruct((N_LAT,), jnp.float64)
+    own = sv.Likelihood(lambda s: 0.5 * jnp.sum(s**2), lambda s: s, domain=dom)
+    own_samples = sv.Samples(jnp.zeros(N_LAT), samples.residuals)
+    with pytest.raises(ValueError, match="does not know its normalization.*normalized=False"):
+        sv.estimate_evidence_lower_bound(own, own_samples)
+    assert np.isfinite(sv.estimate_evidence_lower_bound(own, own_samples, normalized=False).value)
+    given = sv.Likelihood(lambda s: 0.5 * jnp.sum(s**2), lambda s: s, domain=dom, normalization=1.5)
+    assert sv.estimate_evidence_lower_bound(given, own_samples).normalization == 1.5
 
 
 @pytest.mark.product_compiler

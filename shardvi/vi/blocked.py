@@ -208,6 +208,10 @@ class BlockedLikelihood(Likelihood):
         return block_sum(fn, self._local_blocks(), *broadcast)
 
     # -- the operators -------------------------------------------------------------------------
+    def normalization(self) -> float | None:
+        """The data likelihood's (its leaves cut into blocks hold the same data)."""
+        return self.blocks["likelihood"].normalization()
+
     def energy(self, xi):
         """``sum_b H_b(s_b(xi))``."""
         return self._sum(lambda blk, x: blk["likelihood"].energy(self._signal(blk, x)), xi)

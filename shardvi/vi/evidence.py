@@ -4,15 +4,17 @@ For a Gaussian approximation ``q = N(xi_bar, M^{-1})`` of the posterior of
 ``xi ~ N(0, I)``, with ``M = M(xi_bar) = I + J^T F J`` the metric MGVI samples
 with (``n`` latent parameters)::
 
-    log p(d) >= ELBO = -E_q[H(xi)] + n / 2 - log det(M) / 2
+    log p(d) >= ELBO = -E_q[H(xi)] - c + n / 2 - log det(M) / 2
 
 (the prior's and the entropy's ``2 pi`` factors cancel), where
-``H = H_lh + xi.xi / 2`` is the Hamiltonian without the likelihood's
-normalization (the ``1/2 log det(2 pi N)`` of a Gaussian, ...), which
-shardvi's likelihoods drop, as NIFTy's do: the bound is the log-evidence up to
-that data-dependent constant, which cancels between models of the same data
-and noise. ``E_q[H]`` is estimated by the samples' average; ``log det M`` is
-computed by one of
+``H = H_lh + xi.xi / 2`` is the Hamiltonian and ``c`` the likelihood's
+normalization (:meth:`~shardvi.Likelihood.normalization`: the
+``log det(2 pi N) / 2`` of a Gaussian, the ``sum log d!`` of a Poisson, ...),
+which the energies drop. With ``normalized=False`` the constant is left out,
+as NIFTy.re does: then the value is the bound up to a data-dependent constant
+that cancels only between models of the same data and noise.
+``E_q[H]`` is estimated by the samples' average; ``log det M`` is computed by
+one of
 
 - ``"dense"``: the explicit ``n x n`` metric (its columns mapped over devices)
   and its eigenvalues: exact;
@@ -70,9 +72,12 @@ class EvidenceLowerBound(NamedTuple):
         ``value -/+ std``; for ``"eigsh"`` ``lower`` also subtracts half the
         truncation bound of the log-determinant.
     per_sample : numpy.ndarray
-        ``-H(xi_i) + n/2 - log det(M)/2`` per sample, shape ``(n_samples,)``.
+        ``-H(xi_i) - c + n/2 - log det(M)/2`` per sample, shape ``(n_samples,)``.
     expected_energy : float
-        ``mean_i H(xi_i)``.
+        ``mean_i H(xi_i)`` (without ``c``).
+    normalization : float
+        ``c``, the likelihood's normalization included in the value (0 with
+        ``normalized=False``).
     log_det_metric : float
         ``log det M`` at ``samples.pos`` (``"eigsh"``: of the eigenvalues found).
     log_det_std : float
@@ -95,6 +100,7 @@ class EvidenceLowerBound(NamedTuple):
     upper: float
     per_sample: np.ndarray
     expected_energy: float
+    normalization: float
     log_det_metric: float
     log_det_std: float
     log_det_truncation: float
@@ -117,6 +123,12 @@ def _check(lh, samples) -> None:
         raise NotImplementedError("estimate_evidence_lower_bound does not take a field-split likelihood yet")
     if not isinstance(samples, Samples):
         raise TypeError(f"samples must be a shardvi Samples (from optimize_kl), got {type(samples).__name__}")
+    if len(samples) == 0:
+        raise ValueError(
+            "samples holds no posterior samples (a point estimate, e.g. a run with n_samples=0): the ELBO is an "
+            "expectation over the variational posterior q and needs its samples; run optimize_kl with "
+            "n_samples >= 1 (antithetic pairs)"
+        )
     for d in jtu.tree_leaves(lh.domain):
         if not jnp.issubdtype(d.dtype, jnp.floating):
             raise TypeError(f"estimate_evidence_lower_bound needs a real floating latent domain, got {d.dtype}")
@@ -296,6 +308,7 @@ def estimate_evidence_lower_bound(
     lanczos_order: int = 60,
     sample_map: str | Strategy = "vmap",
     devices=None,
+    normalized: bool = True,
 ) -> EvidenceLowerBound:
     """Estimate the evidence lower bound of the approximate posterior ``samples``.
 
@@ -324,14 +337,37 @@ def estimate_evidence_lower_bound(
     sample_map, devices
         How the per-sample energies, metric columns (``"dense"``) and SLQ
         probes are mapped over devices, as in :func:`~shardvi.optimize_kl`.
+    normalized : bool
+        Include the likelihood's normalization ``c`` (default), so that the
+        value is a lower bound on ``log p(d)`` itself; ``False`` leaves it
+        out (NIFTy.re's convention: comparable only between models of the
+        same data and noise). A likelihood whose normalization is unknown
+        (:meth:`~shardvi.Likelihood.normalization` returns ``None``) needs
+        ``normalized=False``.
 
     Returns
     -------
     EvidenceLowerBound
-        ``.value`` and ``.std`` in nats (natural-log units), up to the
-        likelihood's normalization constant (module docstring).
+        ``.value`` and ``.std`` in nats (natural-log units).
+
+    Raises
+    ------
+    ValueError
+        For samples without residuals (a point estimate), or with
+        ``normalized=True`` for a likelihood that does not know its
+        normalization.
     """
     _check(lh, samples)
+    if not isinstance(normalized, bool):
+        raise TypeError(f"normalized must be a bool, got {type(normalized).__name__}")
+    c = lh.normalization() if normalized else 0.0
+    if c is None:
+        raise ValueError(
+            f"the likelihood ({type(lh).__name__}) does not know its normalization c (-log p(d|s) = energy + c), "
+            "so the ELBO cannot bound log p(d): pass normalized=False (the bound up to that constant, NIFTy.re's "
+            "convention), or give it (Likelihood(..., normalization=c); Gaussian(..., noise_log_det=...) for a "
+            "callable noise)"
+        )
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     for name, v, lo in (("n_probes", n_probes, 1), ("lanczos_order", lanczos_order, 1)):
@@ -372,7 +408,7 @@ def estimate_evidence_lower_bound(
         log_det, log_det_se, trunc, ev = _eigsh_log_det(lh, pos, strategy, n_eigenvalues, n_relevant)
 
     energies = _energies(lh, samples, strategy)
-    per_sample = -energies + 0.5 * n - 0.5 * log_det
+    per_sample = -energies - c + 0.5 * n - 0.5 * log_det
     group = _independent_groups(samples)
     units = per_sample.reshape(-1, group).mean(axis=1)
     sample_se = float(np.std(units, ddof=1) / math.sqrt(units.size)) if units.size > 1 else float("nan")
@@ -385,6 +421,7 @@ def estimate_evidence_lower_bound(
         upper=value + std,
         per_sample=per_sample,
         expected_energy=float(np.mean(energies)),
+        normalization=float(c),
         log_det_metric=log_det,
         log_det_std=log_det_se,
         log_det_truncation=trunc,

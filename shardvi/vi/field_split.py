@@ -171,6 +171,11 @@ class FieldSplitLikelihood(AmendedLikelihood):
         v = self.per_device()
         return v.energy(v.local(xi))
 
+    def normalization(self) -> float | None:
+        """The data likelihood's where the data are the grid; ``None`` for data of a ``Mask`` / ``Sampling``
+        (held on the grid, with unobserved pixels that are not data)."""
+        return None if self.response is not None else self.likelihood.normalization()
+
     def _to_data(self, tree):
         """Grid-shaped data-space arrays -> the data's own layout: the Mask / Sampling applied to them."""
         response = self.response

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -10,6 +11,7 @@ from jax import tree_util as jtu
 from .. import tree_math as tm
 from ._checks import domain_of, finite_data, is_global, positive_like, to_device
 from .likelihood import Likelihood
+from .normalization import LOG_2PI, summed_over_data
 
 __all__ = ["Gaussian"]
 
@@ -36,6 +38,10 @@ class Gaussian(Likelihood):
         for sampling. Give exactly one of ``noise_std`` and ``noise_cov_inv``.
     noise_std_inv : callable, optional, keyword-only
         ``r -> N^{-1/2} r`` (self-adjoint), required with a callable ``noise_cov_inv``.
+    noise_log_det : float, optional, keyword-only
+        ``log det N`` (over the data's real components) for a callable
+        ``noise_cov_inv``: only the :meth:`normalization` (the evidence) needs
+        it. A diagonal noise knows its own.
 
     Attributes
     ----------
@@ -49,7 +55,15 @@ class Gaussian(Likelihood):
         The diagonal ``N^{-1}`` and its square root (the same shapes), or the callables.
     """
 
-    def __init__(self, data, noise_std=None, noise_cov_inv=None, *, noise_std_inv: Callable | None = None):
+    def __init__(
+        self,
+        data,
+        noise_std=None,
+        noise_cov_inv=None,
+        *,
+        noise_std_inv: Callable | None = None,
+        noise_log_det: float | None = None,
+    ):
         d = finite_data(data, "data")
         if (noise_std is None) == (noise_cov_inv is None):
             raise ValueError("give exactly one of noise_std and noise_cov_inv")
@@ -69,6 +83,14 @@ class Gaussian(Likelihood):
             prec_host = positive_like(noise_cov_inv, d, "noise_cov_inv", keep_scalars=True)
             self.noise_cov_inv = to_device(prec_host)
             self.sqrt_noise_cov_inv = to_device(jtu.tree_map(np.sqrt, prec_host))
+        if noise_log_det is not None:
+            if not callable(noise_cov_inv):
+                raise ValueError("noise_log_det is for a callable noise_cov_inv (a diagonal noise knows its own)")
+            if isinstance(noise_log_det, bool) or not isinstance(noise_log_det, (int, float, np.integer, np.floating)):
+                raise TypeError(f"noise_log_det must be a real number, got {type(noise_log_det).__name__}")
+            if not math.isfinite(float(noise_log_det)):
+                raise ValueError(f"noise_log_det must be finite, got {noise_log_det}")
+        self._noise_log_det = None if noise_log_det is None else float(noise_log_det)
         self.set_domain(domain_of(d))
 
     def _n_inv(self, r):
@@ -88,6 +110,20 @@ class Gaussian(Likelihood):
     def energy(self, s):
         r = tm.sub(self.data, s)
         return 0.5 * tm.vdot(r, self._n_inv(r))
+
+    def normalization(self) -> float | None:
+        """``log det(2 pi N) / 2`` over the data's real components (a complex datum counts twice).
+
+        ``None`` for a callable ``noise_cov_inv`` without ``noise_log_det``.
+        """
+        n_real = sum(math.prod(np.shape(d)) * (2 if np.iscomplexobj(d) else 1) for d in jtu.tree_leaves(self.data))
+        if self.noise_std is not None:
+            log_var = summed_over_data(lambda d, sd: _components(d) * np.log(sd), self.data, self.noise_std)
+            return 0.5 * n_real * LOG_2PI + log_var
+        if callable(self.noise_cov_inv):
+            return None if self._noise_log_det is None else 0.5 * (n_real * LOG_2PI + self._noise_log_det)
+        log_prec = summed_over_data(lambda d, p: _components(d) * np.log(p), self.data, self.noise_cov_inv)
+        return 0.5 * (n_real * LOG_2PI - log_prec)
 
     lsm_is_transformation_vjp = True  # left_sqrt_metric below is (dT/ds)^T e
 
@@ -114,6 +150,11 @@ class Gaussian(Likelihood):
         else:
             noise = {"noise_cov_inv": _at_data_shapes(self.noise_cov_inv, self.data)}
         return {"Gaussian": {"data": self.data, **noise}}
+
+
+def _components(d) -> int:
+    """Real components per datum: 2 for complex data, else 1."""
+    return 2 if np.iscomplexobj(d) else 1
 
 
 def _scaled(r, w, twice: bool = False):

@@ -7,11 +7,13 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Self
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import tree_util as jtu
 
 from .. import tree_math as tm
@@ -133,14 +135,16 @@ class Likelihood(Module):
     --------------------
     ``Likelihood(energy, transformation=None, *, domain, metric=None,
     left_sqrt_metric=None, lsm_tangents_shape=None, normalized_residual=None,
-    metric_operator=None, data_leaves=None)`` builds a
+    metric_operator=None, data_leaves=None, normalization=None)`` builds a
     :class:`FunctionLikelihood`: ``energy`` is ``s -> H(s)``,
     ``transformation`` ``s -> T(s)``, ``metric`` ``(s, t) -> F(s) t``,
     ``left_sqrt_metric`` ``(s, e) -> L(s) e`` with ``L L^T = F`` (``e`` shaped
     like ``lsm_tangents_shape``, default: the shape of ``T(s)``),
     ``normalized_residual`` ``s -> (d - s) / noise``-like, ``metric_operator``
-    ``s -> (t -> F(s) t)``. Arrays the functions close over are constants of
-    the compiled programs (prefer a subclass for large data).
+    ``s -> (t -> F(s) t)``, ``normalization`` the constant ``c`` with
+    ``-log p(d | s) = energy(s) + c`` (:meth:`normalization`; ``None``:
+    unknown). Arrays the functions close over are constants of the compiled
+    programs (prefer a subclass for large data).
 
     Attributes
     ----------
@@ -201,6 +205,18 @@ class Likelihood(Module):
 
     def __call__(self, s):
         return self.energy(s)
+
+    def normalization(self) -> float | None:
+        """``c`` with ``-log p(d | s) = energy(s) + c`` in nats, or ``None`` where unknown.
+
+        :meth:`energy` drops the terms that do not depend on the signal (a
+        Gaussian's ``log det(2 pi N) / 2``, a Poisson's ``log d!``, ...);
+        this returns them, computed on the host in float64 from the data. The
+        evidence lower bound adds it (:func:`~shardvi.estimate_evidence_lower_bound`),
+        so that it bounds ``log p(d)``. The base class does not know it:
+        ``None``.
+        """
+        return None
 
     def transformation(self, s):
         """``T(s)``: coordinates in which the Fisher metric is the identity."""
@@ -344,6 +360,7 @@ class FunctionLikelihood(Likelihood):
         normalized_residual: Callable | None = None,
         metric_operator: Callable | None = None,
         data_leaves=None,
+        normalization: float | None = None,
     ):
         if not callable(energy):
             raise TypeError(f"energy must be callable, got {type(energy).__name__}")
@@ -363,7 +380,16 @@ class FunctionLikelihood(Likelihood):
         self._lsm = left_sqrt_metric
         self._normalized_residual = normalized_residual
         self._data_leaves = _Opaque(data_leaves)
+        if normalization is not None:
+            if isinstance(normalization, bool) or not isinstance(normalization, (int, float, np.floating, np.integer)):
+                raise TypeError(f"normalization must be a real number or None, got {type(normalization).__name__}")
+            if not math.isfinite(float(normalization)):
+                raise ValueError(f"normalization must be finite, got {normalization}")
+        self._normalization = _Opaque(None if normalization is None else float(normalization))
         self.set_domain(domain, lsm_tangents_shape)
+
+    def normalization(self) -> float | None:
+        return self._normalization.value
 
     @property
     def _has_explicit_lsm(self) -> bool:
@@ -442,6 +468,9 @@ class AmendedLikelihood(Likelihood):
 
     def transformation(self, xi):
         return self.likelihood.transformation(self.model(xi))
+
+    def normalization(self) -> float | None:
+        return self.likelihood.normalization()
 
     def transformation_at(self, xi_bar):
         t = pulled_back_transformation_at(self.likelihood, lambda: self.model(xi_bar))
@@ -540,6 +569,10 @@ class SumLikelihood(Likelihood):
 
     def energy(self, x):
         return self.a.energy(self._part(self.keys_a, x)) + self.b.energy(self._part(self.keys_b, x))
+
+    def normalization(self) -> float | None:
+        ca, cb = self.a.normalization(), self.b.normalization()
+        return None if ca is None or cb is None else ca + cb
 
     def transformation(self, x):
         return (self.a.transformation(self._part(self.keys_a, x)), self.b.transformation(self._part(self.keys_b, x)))

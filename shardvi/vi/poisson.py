@@ -7,6 +7,7 @@ from jax import tree_util as jtu
 
 from ._checks import all_true, domain_of, finite_data
 from .likelihood import Likelihood
+from .normalization import gamma_ln, summed_over_data
 
 __all__ = ["Poisson"]
 
@@ -32,12 +33,21 @@ class Poisson(Likelihood):
             raise TypeError("counts must be real")
         if not all(all_true(lambda a: a >= 0, x) for x in jtu.tree_leaves(d)):
             raise ValueError("counts must be non-negative")
+        if not all(all_true(lambda a: a == jnp.round(a), x) for x in jtu.tree_leaves(d)):
+            raise ValueError(
+                "counts must be whole numbers (a Poisson likelihood is for counts): got fractional values; "
+                "for continuous data use sv.Gaussian or sv.StudentT"
+            )
         self.counts = d
         self.set_domain(domain_of(d))
 
     def energy(self, s):
         parts = jtu.tree_map(lambda si, di: jnp.sum(si - di * jnp.log(si)), s, self.counts)
         return sum(jtu.tree_leaves(parts))
+
+    def normalization(self) -> float:
+        """``sum(log d!)``."""
+        return summed_over_data(lambda d: gamma_ln(d + 1.0), self.counts)
 
     lsm_is_transformation_vjp = True  # left_sqrt_metric below is (dT/ds)^T e
 

@@ -8,6 +8,7 @@ from jax import tree_util as jtu
 
 from ._checks import domain_of, finite_data, is_global, positive_like, to_device
 from .likelihood import Likelihood
+from .normalization import gamma_ln, summed_over_data
 
 __all__ = ["StudentT"]
 
@@ -60,6 +61,10 @@ class StudentT(Likelihood):
         )
         return sum(jtu.tree_leaves(parts))
 
+    def normalization(self) -> float:
+        """``sum(log Gamma(dof/2) - log Gamma((dof + 1)/2) + log(dof pi)/2 + log sigma)``."""
+        return summed_over_data(_t_constant, self.data, self.dof, self.noise_std)
+
     lsm_is_transformation_vjp = True  # left_sqrt_metric below is (dT/ds)^T e
 
     def transformation(self, s):
@@ -77,3 +82,14 @@ class StudentT(Likelihood):
     @property
     def data_leaves(self):
         return {"StudentT": {"data": self.data, "dof": self.dof, "noise_std": self.noise_std}}
+
+
+def t_log_normalization(nu):
+    """``log Gamma(nu/2) - log Gamma((nu + 1)/2) + log(nu pi)/2``: ``-log`` of the unit-scale Student-t density's
+    constant (host arrays, float64)."""
+    return gamma_ln(0.5 * nu) - gamma_ln(0.5 * (nu + 1.0)) + 0.5 * np.log(nu * np.pi)
+
+
+def _t_constant(d, nu, sigma):
+    del d
+    return t_log_normalization(nu) + np.log(sigma)

@@ -9,13 +9,16 @@ structure.
 from __future__ import annotations
 
 import functools
+import math
 import operator
 
 import jax.numpy as jnp
+import numpy as np
 from jax import tree_util as jtu
 
 from ._checks import domain_of, finite_data
 from .likelihood import Likelihood
+from .normalization import LOG_2PI
 
 __all__ = ["VariableCovarianceGaussian", "local_coordinates", "residual_coordinates"]
 
@@ -131,6 +134,10 @@ class VariableCovarianceGaussian(Likelihood):
     def energy(self, s):
         mean, std = s
         return leaf_sum(lambda d, m, sg: jnp.sum(0.5 * ((d - m) / sg) ** 2 + jnp.log(sg)), self.data, mean, std)
+
+    def normalization(self) -> float:
+        """``log(2 pi) / 2`` per datum (the energy keeps ``log std``)."""
+        return 0.5 * LOG_2PI * sum(math.prod(np.shape(d)) for d in jtu.tree_leaves(self.data))
 
     def _fisher_sqrt(self):
         """``(a, b) = (1, sqrt(2))`` per data leaf: ``std`` times the square roots of the Fisher metric."""

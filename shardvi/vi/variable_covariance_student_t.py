@@ -8,6 +8,8 @@ from jax import tree_util as jtu
 
 from ._checks import positive_like, to_device
 from .likelihood import Likelihood
+from .normalization import summed_over_data
+from .student_t import t_log_normalization
 from .variable_covariance import leaf_sum, local_coordinates, mean_std_domain, real_data, residual_coordinates
 
 __all__ = ["VariableCovarianceStudentT"]
@@ -80,6 +82,10 @@ class VariableCovarianceStudentT(Likelihood):
             return jnp.sum(0.5 * (n + 1) * jnp.log1p(((d - m) / sg) ** 2 / n) + jnp.log(sg))
 
         return leaf_sum(one, self.data, self.dof, mean, std)
+
+    def normalization(self) -> float:
+        """``sum(log Gamma(dof/2) - log Gamma((dof + 1)/2) + log(dof pi)/2)`` (the energy keeps ``log std``)."""
+        return summed_over_data(lambda d, nu: t_log_normalization(nu), self.data, self.dof)
 
     def transformation(self, s):
         return residual_coordinates(s, self.data, self.fisher_sqrt_mean, self.fisher_sqrt_std)
