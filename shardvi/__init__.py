@@ -34,6 +34,7 @@ _SUBMODULES = (
 
 # top-level name -> submodule that defines it (add new exports here and in the TYPE_CHECKING block)
 _EXPORTS = {
+    "exceptions": ("ConvergenceWarning", "ShardviError"),
     "minimizers": ("CGConfig", "Minimizer", "NewtonCGConfig", "OptaxConfig", "TrustRegionConfig"),
     "module": ("Module",),
     "models": (
@@ -89,6 +90,7 @@ __all__ = sorted(_ORIGIN) + list(_SUBMODULES)
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real imports
     from . import compilation, compile_cache, examples, minimizers, models, parallel, plot, tree_math, vi  # noqa: F401
+    from .exceptions import ConvergenceWarning, ShardviError  # noqa: F401
     from .minimizers import CGConfig, Minimizer, NewtonCGConfig, OptaxConfig, TrustRegionConfig  # noqa: F401
     from .models import (  # noqa: F401
         CorrelatedField,

@@ -15,12 +15,13 @@ import jax
 import jax.core
 import numpy as np
 
+from ..exceptions import ShardviError
 from .status import Status, status_message
 
 __all__ = ["CGResult", "OptimizeResult", "Solution", "SolverError"]
 
 
-class SolverError(RuntimeError):
+class SolverError(ShardviError, RuntimeError):
     """A solve ended with a status that was not accepted (see ``Solution.throw``).
 
     Attributes

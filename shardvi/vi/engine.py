@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import warnings
 from collections.abc import Callable
 
 import jax
@@ -12,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
 
+from ..exceptions import ConvergenceWarning
 from ..host_memory import keep_host_memory_low, release_host_memory
 from ..minimizers.config import CGConfig, NewtonCGConfig
 from ..minimizers.minimizer import Minimizer
@@ -36,7 +38,7 @@ from .masks import parse_selection
 from .modes import SampleMode, SamplePlan, SampleSource, plan_samples
 from .precompile import Precompiler
 from .progress import Progress, check_progress, open_display
-from .reporting import format_report, sample_status
+from .reporting import format_report, sample_status, unconverged_message
 from .samples import Samples, interleave_pairs
 from .settings import (
     DEFAULT_KL_MINIMIZATION,
@@ -174,6 +176,7 @@ class OptimizeVI:
         self._in_run = False  # inside run (compiling ahead plans the remaining iterations)
         self._seen_steps = set()  # (step, config, sample count) already run: compiled
         self._called_steps = set()  # those whose first call has returned (dispatched)
+        self._warned = set()  # stages whose unconverged solves were warned about (once per stage)
         # every setting given as a callable: called once per iteration, here, and checked before any work
         self._schedule: tuple[IterationSettings, ...] = ()
         self._schedule = tuple(self._evaluate_settings(nit) for nit in range(self.n_total_iterations))
@@ -385,14 +388,8 @@ class OptimizeVI:
         r, cg_nit, st, ok = self._draw_linear(self._split(pos), keys, config=lin)
         self._called(("draw", lin, n))
         check_sampling_finite(ok, st, iteration, "sampling (MGVI linear CG)")
-        cg_st = sample_status(
-            st,
-            iteration,
-            self.n_total_iterations,
-            "sampling (MGVI linear CG)",
-            "linear_sampling",
-            metric_must_be_pd=True,
-        )
+        cg_st = sample_status(st, iteration, "sampling (MGVI linear CG)", metric_must_be_pd=True)
+        self._warn_unconverged(cg_st, iteration, "sampling (MGVI linear CG)", "linear_sampling", lin)
         if self.mirror_samples:
             r = self._interleave(self._split(r))
         nl_nit, nl_st = [], []
@@ -408,15 +405,18 @@ class OptimizeVI:
         )
         self._called(("curve", nonlin, n))
         check_sampling_finite(ok, st, iteration, "sampling (geoVI update)")
-        status = sample_status(
-            st,
-            iteration,
-            self.n_total_iterations,
-            "sampling (geoVI update)",
-            "nonlinear_update",
-            metric_must_be_pd=False,
-        )
+        status = sample_status(st, iteration, "sampling (geoVI update)", metric_must_be_pd=False)
+        self._warn_unconverged(status, iteration, "sampling (geoVI update)", "nonlinear_update", nonlin)
         return r, np.asarray(nit).tolist(), status
+
+    def _warn_unconverged(self, codes, iteration, stage, field, config):
+        """One :class:`~shardvi.ConvergenceWarning` per stage and run, at its first unconverged solve."""
+        if stage in self._warned:
+            return
+        msg = unconverged_message(codes, iteration, self.n_total_iterations, stage, field, config)
+        if msg is not None:
+            self._warned.add(stage)
+            warnings.warn(msg, ConvergenceWarning, stacklevel=2)
 
     def _split(self, tree, kl: bool = False):
         """Latents for a step of the sampling (``kl=False``) or KL strategy: a field-split likelihood's grid

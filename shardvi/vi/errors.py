@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..exceptions import ShardviError
 from ..minimizers.status import Status, status_message
 
 __all__ = ["NonFiniteError", "NonPositiveCurvatureError", "check_kl_result", "check_sampling_finite"]
 
 
-class NonFiniteError(FloatingPointError):
+class NonFiniteError(ShardviError, FloatingPointError):
     """NaN/inf during a global iteration; the last good state is untouched.
 
     Attributes
@@ -29,7 +30,7 @@ class NonFiniteError(FloatingPointError):
         )
 
 
-class NonPositiveCurvatureError(ValueError):
+class NonPositiveCurvatureError(ShardviError, ValueError):
     """The metric of a global iteration is not positive definite; the last good state is untouched.
 
     ``M = J^T F J + I`` (sampling) and its sample average (KL) are positive

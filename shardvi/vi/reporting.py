@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 
 from ..minimizers.status import Status, status_message
 from .diagnostics import IterationReport
 from .errors import NonPositiveCurvatureError
 
-__all__ = ["format_report", "sample_status"]
-
-logger = logging.getLogger("shardvi")
+__all__ = ["format_report", "sample_status", "unconverged_message"]
 
 _STATUS_HINTS = {
     Status.MAX_ITERATIONS: "maxiter",
@@ -21,36 +17,60 @@ _STATUS_HINTS = {
 }
 
 
-def sample_status(status, nit, total, stage, config_name, *, metric_must_be_pd):
-    """Per-sample status codes (list of int) of one sampling stage; raise or warn on bad ones.
+def sample_status(status, nit, stage, *, metric_must_be_pd):
+    """Per-sample status codes (list of int) of one sampling stage; raise on a broken metric.
 
     Non-positive curvature of a metric that must be positive definite raises
     :class:`NonPositiveCurvatureError` (``nit`` 0-based, as for
-    :class:`NonFiniteError`); every other unconverged solve (maxiter,
-    curvature of the geoVI Gauss-Newton operator, line search) is logged as
-    one warning line, numbered like the iteration's log line (``nit + 1``).
+    :class:`NonFiniteError`). The other unconverged solves are reported by
+    :func:`unconverged_message`.
     """
     codes = np.asarray(status).reshape(-1).astype(int).tolist()
     npc = [i for i, c in enumerate(codes) if c == Status.NONPOSITIVE_CURVATURE]
     if metric_must_be_pd and npc:
         raise NonPositiveCurvatureError(nit, stage, npc)
+    return codes
+
+
+def unconverged_message(codes, nit, total, stage, field, config) -> str | None:
+    """The :class:`~shardvi.ConvergenceWarning` text for the unconverged solves in ``codes`` (``None``: all converged).
+
+    It names the configuration field (``field``, the argument of
+    :func:`~shardvi.optimize_kl`) to change and suggests a value.
+    """
     parts = []
     for code, what in _STATUS_HINTS.items():
         which = [i for i, c in enumerate(codes) if c == code]
         if which:
             parts.append(f"{len(which)} at {what}" + ("" if len(which) == len(codes) else f" {_fmt_which(which)}"))
-    if parts:
-        logger.warning(
-            "%s at iteration %d/%d: %d of %d sample solves did not converge (%s); see %s",
-            stage,
-            nit + 1,
-            total,
-            sum(c != Status.CONVERGED for c in codes),
-            len(codes),
-            ", ".join(parts),
-            config_name,
+    if not parts:
+        return None
+    n_bad = sum(c != Status.CONVERGED for c in codes)
+    head = (
+        f"{stage} at iteration {nit + 1}/{total}: {n_bad} of {len(codes)} sample solves did not converge "
+        f"({', '.join(parts)}). The samples are kept; the log line of every iteration counts its unconverged solves."
+    )
+    maxiter = getattr(config, "maxiter", None)
+    if any(c == Status.MAX_ITERATIONS for c in codes) and isinstance(maxiter, int):
+        name = type(config).__name__
+        head += (
+            f" To let them converge, raise {field}.maxiter (now {maxiter}), e.g. "
+            f"{field}=sv.{name}(..., maxiter={2 * maxiter})"
         )
-    return codes
+        crit = _criterion(config)
+        head += f", or loosen its stopping criterion ({crit})." if crit else "."
+    elif any(c == Status.LINE_SEARCH_FAILED for c in codes):
+        head += (
+            f" A failed line search usually means the solve reached the precision floor of {field} near its "
+            "solution; a looser tolerance (xtol / absdelta) lets it stop as converged."
+        )
+    return head + ' Silence: warnings.filterwarnings("ignore", category=sv.ConvergenceWarning).'
+
+
+def _criterion(config) -> str:
+    """``xtol=1e-05`` / ``tol=1e-06``: the config's set stopping tolerances, as text."""
+    found = [f"{k}={getattr(config, k)!r}" for k in ("tol", "xtol", "absdelta") if getattr(config, k, None)]
+    return ", ".join(found)
 
 
 def _fmt_which(which, shown=8):

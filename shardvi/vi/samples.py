@@ -163,6 +163,41 @@ class Samples:
         _check_like(pos, self.pos, "pos", "samples.pos")
         return Samples(pos, self.residuals, self.keys)
 
+    def to_host(self) -> Samples:
+        """The same samples as NumPy arrays in host memory.
+
+        Results of a multi-device run live on several devices (committed to
+        the strategy's mesh); JAX refuses to mix them with arrays on other
+        devices (``s1.pos - s4.pos`` of a 1- and a 4-device run). Host
+        copies mix with anything: ``s1.to_host().pos - s4.to_host().pos``.
+        Arrays split over several processes must be gathered first (e.g.
+        ``jax.experimental.multihost_utils.process_allgather``).
+        """
+        self._check_addressable("to_host")
+        return Samples.tree_unflatten(None, tuple(jax.device_get(list(self.tree_flatten()[0]))))
+
+    def to_device(self, device=None) -> Samples:
+        """The same samples on one device (default: ``jax.devices()[0]``, where a 1-device run computes).
+
+        Use it to compare the results of runs on different device sets inside
+        JAX (``s1.to_device().pos - s4.to_device().pos``); :meth:`to_host`
+        gives NumPy copies instead.
+        """
+        self._check_addressable("to_device")
+        if device is None:
+            device = jax.devices()[0]
+        elif not isinstance(device, jax.Device):
+            raise TypeError(f"device must be a jax.Device or None, got {type(device).__name__}")
+        return Samples.tree_unflatten(None, tuple(jax.device_put(list(self.tree_flatten()[0]), device)))
+
+    def _check_addressable(self, method: str) -> None:
+        for leaf in jtu.tree_leaves(self):
+            if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+                raise ValueError(
+                    f"these samples are split over several processes: gather them before {method} (e.g. "
+                    "jax.experimental.multihost_utils.process_allgather(samples, tiled=True))"
+                )
+
     def map(self, fn: Callable):
         """``fn`` applied to every sample, stacked (vectorized with ``jax.vmap``)."""
         return jax.vmap(fn)(self.samples)

@@ -13,6 +13,8 @@ import jax
 import numpy as np
 from jax import tree_util as jtu
 
+from ...exceptions import ShardviError
+
 __all__ = ["CheckpointError", "FORMAT", "LOCK_NAME", "check_path", "prepare_checkpoint_dir"]
 
 FORMAT = "shardvi-checkpoint-v2"
@@ -23,7 +25,7 @@ _NPZ_RE = re.compile(r"state-[0-9]{6,}\.npz")
 _TMP_RE = re.compile(r"\.tmp-([0-9]+)-([0-9a-f]{8})-")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ShardviError, ValueError):
     """A checkpoint is missing, corrupted, locked, or belongs to a different run,
     or ``checkpoint_dir`` cannot be used."""
 
