@@ -44,7 +44,9 @@ def normalize_domain(domain, argname: str = "domain", *, real: bool = False):
     return jtu.tree_unflatten(treedef, out)
 
 
-def check_latent(x, domain, argname: str, *, finite: bool = True, batch: tuple = (), exact_dtype: bool = False) -> None:
+def check_latent(
+    x, domain, argname: str, *, finite: bool = True, batch: tuple = (), exact_dtype: bool = False, hint: str = ""
+) -> None:
     """Raise a clear error unless ``x`` matches ``domain`` in structure, shapes, kind of dtype and finiteness.
 
     Only shapes and dtypes are read unless ``finite`` (so traced values pass
@@ -52,16 +54,19 @@ def check_latent(x, domain, argname: str, *, finite: bool = True, batch: tuple =
     front of the domain's shape. A complex leaf on a real domain is a
     ``TypeError`` (converting it would drop the imaginary part); so is a
     non-numeric one, and with ``exact_dtype`` any dtype other than the
-    domain's (for functions that do not convert their inputs).
+    domain's (for functions that do not convert their inputs). A 64-bit
+    domain with JAX's 64-bit mode off is a ``ValueError`` that says so.
+    ``hint`` is appended to a structure or shape mismatch.
     """
     xs, xdef = jtu.tree_flatten(x)
     ds, ddef = jtu.tree_flatten(domain)
+    check_x64(domain, "the domain")
     if xdef != ddef:
-        raise ValueError(f"{argname} has tree structure {xdef}, expected {ddef} (the model's domain)")
+        raise ValueError(f"{argname} has tree structure {xdef}, expected {ddef} (the domain){hint}")
     for i, (a, d) in enumerate(zip(xs, ds)):
         want = tuple(batch) + tuple(d.shape)
         if tuple(np.shape(a)) != want:
-            raise ValueError(f"{argname} leaf {i} has shape {tuple(np.shape(a))}, expected {want}")
+            raise ValueError(f"{argname} leaf {i} has shape {tuple(np.shape(a))}, expected {want}{hint}")
         dtype = leaf_dtype(a)
         if not jnp.issubdtype(dtype, jnp.number):
             raise TypeError(f"{argname} leaf {i} must be numeric, got dtype {dtype}")
@@ -74,6 +79,24 @@ def check_latent(x, domain, argname: str, *, finite: bool = True, batch: tuple =
             raise TypeError(f"{argname} leaf {i} has dtype {dtype}, expected {np.dtype(d.dtype)} (the domain's)")
     if finite and not all(_all_finite(a) for a in xs):
         raise ValueError(f"{argname} contains non-finite values (nan or inf)")
+
+
+def check_x64(tree, what: str) -> None:
+    """``ValueError`` if ``tree`` has 64-bit leaves (arrays or ``ShapeDtypeStruct``) while JAX's 64-bit mode is off.
+
+    JAX would then make float32 arrays of them: the run fails later with a
+    dtype mismatch, or computes in another precision than declared.
+    """
+    if jax.dtypes.canonicalize_dtype(np.float64) == np.float64:
+        return
+    for leaf in jtu.tree_leaves(tree):
+        dtype = np.dtype(leaf_dtype(leaf))
+        if (dtype.kind == "f" and dtype.itemsize >= 8) or (dtype.kind == "c" and dtype.itemsize >= 16):
+            raise ValueError(
+                f"{what} is {dtype}, but JAX's 64-bit mode is off (JAX makes float32 arrays): call "
+                "jax.config.update('jax_enable_x64', True) at the start of the program, before creating arrays, "
+                "or declare float32 (jnp.float32) throughout"
+            )
 
 
 def leaf_dtype(a):

@@ -126,7 +126,7 @@ class MultiDevice(Strategy):
         if self.devices is not None and len(self.devices) % k:
             raise ValueError(
                 f"model_shards={k} does not divide the {len(self.devices)} devices: the mesh is "
-                f"(devices // model_shards) sample shards x model_shards model shards"
+                f"(devices // model_shards) sample shards x model_shards model shards{_cpu_hint(self.devices, k)}"
             )
 
     # -- devices / mesh ---------------------------------------------------------------------
@@ -145,6 +145,7 @@ class MultiDevice(Strategy):
             raise ValueError(
                 f"model_shards={self.model_shards} does not divide the {len(devices)} devices "
                 f"(devices=None: all jax.devices()); pass devices whose count model_shards divides"
+                f"{_cpu_hint(devices, self.model_shards)}"
             )
         return _cached_model_mesh(devices, self.model_shards)
 
@@ -243,3 +244,14 @@ def reshape_from_devices(tree, layout: Layout):
 def divide(tree, n: int):
     """``tree * (1 / n)`` (the scaling :func:`~shardvi.parallel.fixed_order_mean` uses)."""
     return jtu.tree_map(lambda x: x * (1.0 / n), tree)
+
+
+def _cpu_hint(devices, want: int) -> str:
+    """How to get more CPU devices, where JAX sees fewer CPU devices than ``want``."""
+    if len(devices) >= want or any(d.platform != "cpu" for d in devices):
+        return ""
+    return (
+        f". JAX sees {len(devices)} CPU device(s): for {want} or more, call "
+        f"jax.config.update('jax_num_cpu_devices', {want}) before any JAX operation (or start Python with "
+        f"XLA_FLAGS=--xla_force_host_platform_device_count={want})"
+    )

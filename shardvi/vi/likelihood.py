@@ -640,3 +640,13 @@ class SumLikelihood(Likelihood):
     @property
     def data_leaves(self):
         return (self.a.data_leaves, self.b.data_leaves)
+
+
+def amend_hint(likelihood) -> str:
+    """A hint for a position that does not fit ``likelihood``: where it was never amended with its model."""
+    if isinstance(likelihood, (AmendedLikelihood, SumLikelihood)) or likelihood.blocked:
+        return ""
+    return (
+        f". The {type(likelihood).__name__} is on the data space (it takes the model's output): amend it with "
+        "the forward model, lh.amend(model), so that it takes the model's latent position"
+    )

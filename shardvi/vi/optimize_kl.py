@@ -21,7 +21,7 @@ from .errors import (
     NonFiniteError,
     NonPositiveCurvatureError,
 )
-from .likelihood import Likelihood
+from .likelihood import Likelihood, amend_hint
 from .modes import recorded_as
 from .progress import Progress
 from .samples import Samples
@@ -212,7 +212,7 @@ def optimize_kl(
         )
         samples = position if isinstance(position, Samples) else None
         pos = samples.pos if samples is not None else position
-        check_latent(pos, likelihood.domain, "position")
+        check_latent(pos, likelihood.domain, "position", hint=amend_hint(likelihood))
         pos = jtu.tree_map(lambda x, d: jnp.asarray(x, d.dtype), pos, likelihood.domain)
         if samples is None:
             samples = Samples(pos, jtu.tree_map(_no_samples, pos), None)

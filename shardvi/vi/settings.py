@@ -17,6 +17,7 @@ from jax import tree_util as jtu
 
 from ..minimizers.config import CGConfig, NewtonCGConfig
 from ..minimizers.minimizer import Minimizer, check_minimizer
+from ..models.model import check_x64
 from . import checkpoint as ckpt
 from .likelihood import Likelihood
 from .modes import SampleMode, parse_sample_mode
@@ -162,6 +163,7 @@ def check_run_arguments(
     """Up-front checks of :class:`~shardvi.vi.optimize_kl.OptimizeVI`'s arguments (callables: per iteration)."""
     if not isinstance(likelihood, Likelihood):
         raise TypeError(f"likelihood must be a shardvi Likelihood, got {type(likelihood).__name__}")
+    check_x64(likelihood.domain, "the likelihood's domain")
     if (
         isinstance(n_total_iterations, bool)
         or not isinstance(n_total_iterations, (int, np.integer))

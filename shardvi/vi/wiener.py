@@ -36,7 +36,7 @@ from ..parallel.strategy import Placed, Strategy, get_strategy
 from .blocked import BlockedLikelihood
 from .gaussian import Gaussian
 from .kl import _blocked_value_and_grad, hamiltonian, hamiltonian_metric_operator
-from .likelihood import AmendedLikelihood, Likelihood
+from .likelihood import AmendedLikelihood, Likelihood, amend_hint
 from .samples import Samples, interleave_pairs
 from .sampling import draw_linear_residual
 from .settings import raw_key
@@ -300,7 +300,7 @@ def wiener_filter_posterior(
     key = raw_key(key)
     if position is None:
         position = jtu.tree_map(lambda d: jnp.zeros(d.shape, d.dtype), lh.domain)
-    check_latent(position, lh.domain, "position", exact_dtype=True)
+    check_latent(position, lh.domain, "position", exact_dtype=True, hint=amend_hint(lh))
     nonlin = _nonlinearity(lh) if check_linear else float("nan")
     if check_linear and not nonlin <= _tolerance(lh):
         raise ValueError(
