@@ -29,7 +29,7 @@ Variants (each changes one thing against ``default``, the engine as shipped):
   with optimization barriers on constants and ``array / scalar`` written as a
   multiplication; XLA CSE off; classic emitters) and LLVM optimization level 1
   on CPU (``shardvi.parallel.CPU_COMPILER_OPTIONS``);
-- ``o3``: the same with LLVM level 3 (XLA's default; the engine before issue 12);
+- ``o3``: the same with LLVM level 3 (XLA's default);
 - ``cse``: XLA's CSE pass on (``xla_disable_hlo_passes=""``);
 - ``fusion``: XLA:CPU's MLIR fusion emitters (``xla_cpu_use_fusion_emitters``);
 - ``no-rewrite``: no jaxpr rewrite (no barriers, no division rewrite);

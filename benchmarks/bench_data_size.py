@@ -4,10 +4,10 @@
     python benchmarks/bench_data_size.py --problem pointwise --sizes 100000,400000
     python benchmarks/bench_data_size.py --smoke          # seconds
 
-Issue 11 asks that compile time not grow with the data: while a likelihood's
-data are closure constants of the compiled engine steps, XLA compiles (and
-keeps copies of) arrays as large as the data; as program arguments they cost
-nothing at compile time. Problems (float64, Gaussian noise on every datum):
+Compile time should not grow with the data: were a likelihood's data closure
+constants of the compiled engine steps, XLA would compile (and keep copies of)
+arrays as large as the data; as program arguments, as the engine passes them,
+they cost nothing at compile time. Problems (float64, Gaussian noise on every datum):
 
 - ``pointwise``: latent ``xi`` of shape ``(n,)``, signal ``exp(0.5 * xi)``,
   ``n`` data (``--sizes``, default ``1e5, 4e5, 1e6, 4e6``);

@@ -1,4 +1,4 @@
-"""Cost of the layout-free slab path of the correlated field (field parallelism, issue 14 part 2).
+"""Cost of the layout-free slab path of the correlated field (field parallelism).
 
 Per call of a compiled function: the field and the gradient of a Gaussian energy
 (``value_and_grad``), and 10 applications of the metric ``J^T J + I`` at one

@@ -1,4 +1,4 @@
-"""``ShardMap`` against ``JitSharding`` with the field split (issue 14): time per iteration, bitwise to one device.
+"""``ShardMap`` against ``JitSharding`` with the field split: time per iteration, bitwise to one device.
 
     python benchmarks/bench_field_strategies.py [--npix 128] [--blocks 4] [--iterations 5] [--json out.json]
 

@@ -37,8 +37,8 @@ gets ``miniter=6`` too. Newton ``xtol``: NIFTy stops when
 ``|step|_1 <= xtol * n`` (``size(x0)``) for the step it *took* (cut short by
 its inner CG's energy rule or by backtracking), shardvi when a bound on the
 *full* Newton step, ``(|p|_1 + sqrt(n) |r| / c) / n`` with ``r`` the inner CG
-residual and ``c`` the metric's curvature floor, is at most ``xtol`` (issue
-10): the same number does not mean the same thing — at ``xtol = delta`` NIFTy.re
+residual and ``c`` the metric's curvature floor, is at most ``xtol``: the
+same number does not mean the same thing — at ``xtol = delta`` NIFTy.re
 stops after 2–3 KL steps per iteration on the 128² problem, shardvi runs to
 ``maxiter`` and reaches a lower KL. NIFTy's geoVI update measures the step in
 the metric norm (``custom_gradnorm``: ``sqrt(s.s + |R s|^2)``, compared with
@@ -53,8 +53,8 @@ an L1 residual below ``min(0.5, sqrt(|g|_1)) |g|_1`` or a CG-energy change
 below 0.1x the last Newton energy decrease (its default
 ``energy_reduction_factor=0.1``; after ``miniter=6``, ``maxiter=200``);
 shardvi at an L2 residual below ``min(0.5, sqrt(|g|_2)) |g|_2`` or the same
-energy rule (``energy_reduction_factor=0.1``, ``miniter=6``: opt-in in shardvi
-since issue 10, set here to match). Line searches differ (NIFTy: halve until the
+energy rule (``energy_reduction_factor=0.1``, ``miniter=6``: opt-in in shardvi,
+set here to match). Line searches differ (NIFTy: halve until the
 energy does not increase; shardvi: Armijo) and the engines draw different random
 numbers (both start the sampling CG at the prior part of the metric sample), so
 they do not do identical numbers of operator applications: the work columns
@@ -188,9 +188,8 @@ def child_shardvi(args, problem, clock):
 
     sv = C.import_shardvi()
     if args.config.endswith("+plainjit"):
-        # the module, not the function of the same name that shardvi.vi re-exports
-        # (``import shardvi.vi.optimize_kl as okl`` binds the function)
-        okl = importlib.import_module("shardvi.vi.optimize_kl")
+        # the module whose OptimizeVI compiles the engine steps (by its global ``reproducible_jit``)
+        okl = importlib.import_module("shardvi.vi.engine")
         assert okl.reproducible_jit is not None and hasattr(okl, "OptimizeVI")
         okl.reproducible_jit = lambda fn, platform=None, **kw: jax.jit(fn, **kw)
     # "+fusion": XLA:CPU's default (MLIR fusion) emitters for the engine steps

@@ -67,9 +67,8 @@ class _PlainJit:
     def __enter__(self):
         import importlib
 
-        # the module: ``import shardvi.vi.optimize_kl as okl`` would bind the function that shardvi.vi
-        # re-exports under the submodule's name, and patching it would change nothing
-        okl = importlib.import_module("shardvi.vi.optimize_kl")
+        # the module whose OptimizeVI compiles the engine steps (by its global ``reproducible_jit``)
+        okl = importlib.import_module("shardvi.vi.engine")
         assert hasattr(okl, "OptimizeVI") and okl.reproducible_jit is not None
         self._mod, self._saved = okl, okl.reproducible_jit
         okl.reproducible_jit = lambda fn, platform=None, **kw: jax.jit(fn, **kw)

@@ -7,12 +7,9 @@ The threshold starts at 128 KiB but rises to the size of every mapped block
 freed, up to 32 MiB: after the first steps, buffers of a few MiB (a
 device's slab of a field split over 4 processes, 8 MiB at 2048², and their
 complex transforms) come from the heaps, and their freed pages stay resident
-while the next step allocates others beside them. Every process of a field
-split then holds more than its share (``benchmarks/bench_field_memory.py``,
-2048², 4 processes: 625 MiB per process above the idle runtime, 555 MiB with
-what this module does; one process: 1661 and 1608 MiB; BENCHMARKS.md). The
-pages that compiling a program freed stay too (~50 MiB after the first
-steps' compiles at 256²).
+while the next step allocates others beside them; so do the pages that
+compiling a program freed. Every process of a field split then holds more
+than its share (measured in BENCHMARKS.md, section "Opt-in process settings").
 
 :func:`keep_host_memory_low` fixes the threshold at :data:`MMAP_THRESHOLD` (requests of
 1 MiB and more get their own mapping), :func:`cap_heaps` lets the threads share at most
@@ -85,11 +82,11 @@ def cap_heaps() -> bool:
 
     glibc gives a thread that finds the heaps in use a heap of its own, up to 8 per core; each keeps
     the pages freed in it. XLA runs a program on a thread pool and compiles on others, so a process
-    ends up with many heaps that each hold freed pages (the 16-core machine of BENCHMARKS.md: a field
-    split over 4 processes held 0.39 of one process's memory per process with the default, 0.35 with
-    2 heaps, and ran faster). It acts on heaps created after the call: call it before JAX starts its
-    runtime (``initialize_distributed(..., cap_heaps=True)`` does) for the whole effect. The same as
-    the environment variable ``MALLOC_ARENA_MAX=2``. ``True`` if the cap was set.
+    ends up with many heaps that each hold freed pages (the effect on a field split over processes:
+    BENCHMARKS.md, section "Opt-in process settings"). It acts on heaps created after the call: call
+    it before JAX starts its runtime (``initialize_distributed(..., cap_heaps=True)`` does) for the
+    whole effect. The same as the environment variable ``MALLOC_ARENA_MAX=2``. ``True`` if the cap
+    was set.
     """
     if not _enabled():
         return False
@@ -114,9 +111,10 @@ def _resident_bytes() -> int:
 def release_host_memory(force: bool = False) -> None:
     """Return the free pages of glibc's heaps to the system (``malloc_trim(0)``); nothing elsewhere.
 
-    ``malloc_trim`` walks every heap (3-20 ms in a 400 MiB process). Unless ``force``, it runs only
-    when the resident set grew by :data:`TRIM_AFTER_GROWTH` since the last trim (or is not known): a
-    process whose resident set did not grow holds no more freed pages than the trim left.
+    ``malloc_trim`` walks every heap (its cost: BENCHMARKS.md, "Opt-in process settings"). Unless
+    ``force``, it runs only when the resident set grew by :data:`TRIM_AFTER_GROWTH` since the last
+    trim (or is not known): a process whose resident set did not grow holds no more freed pages than
+    the trim left.
     """
     if not _enabled():
         return

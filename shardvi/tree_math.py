@@ -176,9 +176,9 @@ def _residuals_apart(jvp_fn):
 
     The residuals are the values at ``x`` the linear map needs (for ``exp(f)``, ``exp(f)`` itself).
     Without the barrier XLA may compute them inside their consumers, e.g. in the body of a solver's
-    loop that applies the map, and a per-sample program and a batched one (``Vmap(chunk_size>1)``'s,
-    or ``JitSharding``'s before 2026-11-26) fuse such a consumer differently: ``exp`` came out 1 ulp
-    apart in a 128^2 correlated field's sampling step, and the solvers amplified it. With the barrier
+    loop that applies the map, and a per-sample program and a batched one (``Vmap(chunk_size>1)``'s)
+    may fuse such a consumer differently: ``exp`` can come out 1 ulp apart (a 128^2 correlated field's
+    sampling step), and the solvers amplify it. With the barrier
     they are computed once, before their users, in every program. A ``jvp_fn`` of another form
     (another jax) is returned unchanged.
     """

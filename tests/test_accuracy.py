@@ -43,9 +43,9 @@ def test_geovi_learns_the_noise_level_close_to_the_reference():
 
     The path's posterior mean is within 0.5 reference standard deviations (median over the 30
     steps) and its std within a factor 2.5; the noise scale's mean within 3 (its posterior is
-    skewed, with a tail towards zero that a Gaussian in the latent space cannot follow). With the
-    ``(mean/std, sqrt(2) log std)`` map the noise scale was 14-30 reference standard deviations
-    off and the path's std 5-10 times too wide.
+    skewed, with a tail towards zero that a Gaussian in the latent space cannot follow). geoVI in
+    the global coordinates ``(mean/std, sqrt(2) log std)`` instead puts the noise scale 14-30
+    reference standard deviations off and the path's std 5-10 times too wide.
     """
     problem = accuracy_problems.make("noise_gauss")
     samples, _ = sv.optimize_kl(

@@ -145,7 +145,7 @@ CASES = [
         ValueError,
         "compiler_options.*xla_backend_optimization_level",
     ),
-    # -- issue 10, item 8: complex values on a real latent space
+    # -- complex values on a real latent space
     ("complex position", lambda: run(position=jnp.zeros(N) + 1j), TypeError, "position.*complex"),
     (
         "complex Model domain",
@@ -159,7 +159,7 @@ CASES = [
         TypeError,
         "likelihood.*complex",
     ),
-    # -- item 9: noise containers whose structure is not the data's
+    # -- noise containers whose structure is not the data's
     (
         "noise_std list for tuple data",
         lambda: sv.Gaussian(TUPLE_DATA, noise_std=[0.1, 0.2]),
@@ -186,7 +186,7 @@ CASES = [
     ),
     ("noise_std ragged list", lambda: sv.Gaussian(DATA, noise_std=[0.1, [0.2, 0.3]]), TypeError, "noise_std"),
     ("noise_std complex", lambda: sv.Gaussian(DATA, noise_std=0.1 + 0j), TypeError, "noise_std.*real"),
-    # -- item 10: devices that a one-device strategy would ignore
+    # -- devices that a one-device strategy would ignore
     (
         "devices with vmap",
         lambda: run(sample_map="vmap", devices=jax.devices()[:2]),
@@ -220,7 +220,7 @@ CASES = [
         ValueError,
         "devices.*ShardMap",
     ),
-    # -- item 11: dtypes of the model output and the data
+    # -- dtypes of the model output and the data
     (
         "float32 data, float64 model",
         lambda: sv.Gaussian(DATA.astype(np.float32), noise_std=0.5).amend(MODEL),
@@ -253,7 +253,7 @@ CASES = [
         TypeError,
         r"\['b'\]",
     ),
-    # -- item 12 (see also test_minimizers): optimizers that cannot run are refused at construction
+    # -- optimizers that cannot run are refused at construction (see also test_minimizers)
     (
         "optimizer update not a pair",
         lambda: run(kl_minimization=_optimizer(lambda p: (), lambda g, s, p=None: g)),
@@ -286,7 +286,7 @@ CASES = [
         TypeError,
         "optimizer",
     ),
-    # -- item 13
+    # -- empty data, strategy classes, keys of other kinds, bad settings callables, overflowing noise, broken strategies
     ("empty data", lambda: sv.Gaussian(np.zeros(0), noise_std=1.0), ValueError, "data.*empty"),
     (
         "empty counts leaf",
@@ -349,7 +349,7 @@ CASES = [
         TypeError,
         r"devices\[0\]",
     ),
-    # -- item 14: the other public functions
+    # -- the other public functions
     (
         "draw_linear_residual batch of keys",
         lambda: sv.draw_linear_residual(LH, POS, jax.random.split(KEY, 4)),
@@ -469,7 +469,7 @@ def test_error_messages_are_not_jax_internal():
 
 
 def test_noise_containers_that_match_the_data_are_read_per_leaf():
-    """Item 9, the accepted forms: a pytree of the data's structure (per leaf), array-likes for one array."""
+    """Noise containers, the accepted forms: a pytree of the data's structure (per leaf), array-likes for one array."""
     d = (np.array([1.0, 2.0]), np.array([3.0]))
     s0 = (jnp.zeros(2), jnp.zeros(1))
     expected = 0.5 * (1.0 + 4.0) / 0.1**2 + 0.5 * 9.0 / 0.2**2
@@ -491,7 +491,7 @@ def test_noise_containers_that_match_the_data_are_read_per_leaf():
 
 
 def test_noise_std_near_the_overflow_limit_is_accepted():
-    """Item 13: the limit is 1/noise_std**2 finite in the data's dtype, not a fixed number."""
+    """The limit is 1/noise_std**2 finite in the data's dtype, not a fixed number."""
     for dtype, ok in ((np.float64, 1e-150), (np.float32, 1e-18)):
         lh = sv.Gaussian(DATA.astype(dtype), noise_std=ok)
         assert np.isfinite(float(lh.energy(jnp.zeros(N, dtype))))
@@ -500,7 +500,7 @@ def test_noise_std_near_the_overflow_limit_is_accepted():
 
 
 def test_devices_generator_is_read_once_and_one_device_strategies_take_their_device():
-    """Item 13: a generator of devices reaches both strategies; item 10: vmap with its own device is fine."""
+    """A generator of devices reaches both strategies; vmap with its own device is fine."""
     opt = sv.OptimizeVI(LH, 1, n_samples=1, sample_map="shard_map", kl_map="pmap", devices=_devices_gen())
     assert opt.sample_strategy.devices == opt.kl_strategy.devices == tuple(jax.devices()[:2])
     opt = sv.OptimizeVI(LH, 1, n_samples=1, sample_map="vmap", kl_map=sv.parallel.LaxMap(), devices=jax.devices()[:1])
@@ -514,7 +514,7 @@ def test_devices_generator_is_read_once_and_one_device_strategies_take_their_dev
 
 
 def test_matching_dtypes_amend_and_keep_their_dtype():
-    """Item 11: float32 data with a float32 model is accepted and stays float32."""
+    """float32 data with a float32 model is accepted and stays float32."""
     lh = sv.Gaussian(DATA.astype(np.float32), noise_std=0.5).amend(sv.Model(jnp.exp, F32))
     e = lh.energy(jnp.zeros(N, jnp.float32))
     assert e.dtype == jnp.float32
@@ -522,7 +522,7 @@ def test_matching_dtypes_amend_and_keep_their_dtype():
 
 
 def test_samples_validation_leaves_jax_transformations_alone():
-    """Item 14: Samples checks its inputs, but pytree round trips (vmap axes, tree_map) are not checked."""
+    """Samples checks its inputs, but pytree round trips (vmap axes, tree_map) are not checked."""
     smp = sv.Samples(POS, RES, jax.random.split(KEY, 1))
     assert len(smp) == 2 and len(sv.Samples(POS, RES, jax.random.split(KEY, 2))) == 2  # per pair or per sample
     axes = jax.tree_util.tree_map(lambda _: 0, smp)  # a Samples holding ints

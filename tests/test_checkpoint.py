@@ -700,7 +700,7 @@ def test_directories_where_files_should_be(written, tmp_path):
 
 
 def test_npz_outside_the_directory_is_never_read(written, tmp_path):
-    """The old loader followed ``npz`` anywhere (``../other/state-000002.npz``)."""
+    """An index naming an ``npz`` outside the checkpoint directory (``../other/state-000002.npz``) is refused."""
     d = copy_dir(written, str(tmp_path / "c"))
     other = copy_dir(written, str(tmp_path / "other"))
     meta = index(d)

@@ -144,7 +144,7 @@ def test_geovi_update_evaluates_the_model_three_times():
     The compiled update then holds three forward passes of the model: at ``pos``
     (with ``Jbar``), in the line search (``g`` and its gradient) and per Newton
     step (the Gauss-Newton metric); counted as the model's ``exp`` in the jaxpr
-    (its derivatives reuse the forward's output). Four before the sample shared it.
+    (its derivatives reuse the forward's output); the metric sample shares the first.
     """
     dom = jax.ShapeDtypeStruct((5,), jnp.float64)
     model = sv.Model(lambda xi: jnp.exp(0.3 * xi), dom)

@@ -164,7 +164,7 @@ def test_event_listener_counts_follow_jax_monitoring():
 
 # ------------------------------------------------------------------------------------------------ XLA facts
 def test_guard_products_matches_the_emitters_of_this_xla():
-    """Products are guarded where XLA:CPU has no classic emitters any more (the engine's
+    """Products are guarded where XLA:CPU has no classic emitters (jax >= 0.11: the engine's
     ``xla_cpu_use_fusion_emitters=False`` is unknown there)."""
     classic = reproducible.option_supported("xla_cpu_use_fusion_emitters", False, "cpu")
     assert compat.guard_products() == (not classic)

@@ -42,8 +42,8 @@ Ported (upstream ``test/test_re/<file>::<test>`` -> here; tolerance upstream -> 
   (test_kl_minimum_is_posterior_mean: the KL minimum of linear_sample and nonlinear_sample runs is the
   posterior mean; test_linear_sample_covariance: the MGVI draws' covariance).
 
-Found while porting: test_jit_strategy_is_bitwise_for_a_division_by_a_square_root: the ``jit`` strategy broke
-the bitwise contract for ``x / sqrt(y)`` (e.g. Poisson's square root metric), fixed in ``reproducible_jit``;
+Added beside the ports: test_jit_strategy_is_bitwise_for_a_division_by_a_square_root: the ``jit`` strategy keeps
+the bitwise contract for ``x / sqrt(y)`` (e.g. Poisson's square root metric; ``reproducible_jit`` rewrites it);
 a whole Poisson run under ``jit``: tests/test_parallel_reproducible.py::test_poisson_bitwise_under_jit_sharding.
 
 Not ported: test_custom_map.py (NIFTy.re's ``smap``/``lmap`` against ``vmap``: every shardvi strategy's

@@ -117,7 +117,7 @@ def _cf_likelihood():
 
     8 x 8 pixels: the property does not depend on the grid, compilation time (all of this test's time) does
     (12 x 12: ~25 % more). Without the ``array / scalar`` rewrite of ``reproducible_jit`` shard_map(2) and
-    pmap(4) still differ from vmap here (by ~1e-13), so the test keeps catching that regression.
+    pmap(4) differ from vmap here (by ~1e-13), so the test catches the loss of that rewrite.
     """
     n = 8
     cfm = sv.CorrelatedFieldMaker("cf")
@@ -168,13 +168,13 @@ def _cf_run(strategy_name, n_devices, mode):
 def test_correlated_field_bitwise_across_device_counts():
     """A realistic model, not only the small pointwise one: 1-device vmap == jit on 4 devices, bitwise.
 
-    Regression test: XLA rewrites ``array / scalar`` into a multiplication by
-    the reciprocal in SPMD programs but not in single-device ones (the
-    correlated field's normalizations); ``reproducible_jit`` now does that
-    rewrite itself, everywhere. The model's normalizations are in the
-    sampling and KL steps, so MGVI with one multi-device strategy catches
-    that regression; the geoVI step and the other strategies run bitwise on
-    the small model (``test_bitwise_equal_to_one_device_vmap``) and on the
+    XLA rewrites ``array / scalar`` into a multiplication by the reciprocal
+    in SPMD programs but not in single-device ones (the correlated field's
+    normalizations); ``reproducible_jit`` does that rewrite itself,
+    everywhere. The model's normalizations are in the sampling and KL steps,
+    so MGVI with one multi-device strategy catches the loss of that rewrite;
+    the geoVI step and the other strategies run bitwise on the small model
+    (``test_bitwise_equal_to_one_device_vmap``) and on the
     masked and radio models (``tests/test_model_parallel.py``), ``shard_map``
     on this model's flagship form in ``tests/test_demos.py`` (multi-device
     comparison). The geoVI step of this model took 22 s of the suite's
@@ -215,23 +215,22 @@ def _cf16():
 
 @pytest.mark.product_compiler  # programs compared bitwise (tests/conftest.py)
 def test_batched_per_sample_program_bitwise_unbatched_on_a_correlated_field():
-    """The per-sample code batched over a leading device axis (``jit(vmap(...))``: what ``JitSharding`` compiled
-    before 2026-11-26) and unbatched (``Vmap``, and every strategy's per-device code now). At a position an MGVI
-    iteration reached on a 16^2 correlated field, the two programs once differed in the last bits:
+    """The per-sample code batched over a leading device axis (``jit(vmap(...))``) and unbatched (``Vmap``, and
+    every strategy's per-device code), at a position an MGVI iteration reached on a 16^2 correlated field, where
+    two things could make them differ in the last bits:
 
-    - the field's tangent: the harmonic amplitude was ``azm * ahat[index]``, whose JVP ``dazm * ahat[index] + azm *
-      dahat[index]`` XLA:CPU contracted into an FMA in one program and not in the other (now one gather from the
-      table ``[azm, a_k]``);
-    - the sampling CG (one iteration): the linearization's residuals (``exp(f)``) were computed inside the loop
-      body in one program (now they pass an optimization barrier, ``tree_math.linearize_with_adjoint``).
+    - the field's tangent: a harmonic amplitude ``azm * ahat[index]`` has the JVP ``dazm * ahat[index] + azm *
+      dahat[index]``, which XLA:CPU may contract into an FMA in one program and not in the other (the
+      one-sub-domain amplitude is one gather from the table ``[azm, a_k]``);
+    - the sampling CG (one iteration): XLA may compute the linearization's residuals (``exp(f)``) inside the loop
+      body in one program (they pass an optimization barrier, ``tree_math.linearize_with_adjoint``).
     """
     _assert_per_sample_pieces_bitwise(*_cf16(), cg_iterations=1)
 
 
 def _assert_per_sample_pieces_bitwise(cf, lh, pos, cg_iterations):
     """An MGVI residual (``cg_iterations`` CG iterations) and the field's tangent at ``pos + residual`` for 4 keys:
-    ``JitSharding`` on 2 devices and the per-sample code batched over a device axis of one (as ``JitSharding``
-    compiled it on one device before 2026-11-26) bitwise ``Vmap``."""
+    ``JitSharding`` on 2 devices and the per-sample code batched over a device axis of one bitwise ``Vmap``."""
     from shardvi.parallel.reproducible import reproducible_jit
     from shardvi.vi.sampling import draw_linear_residual
 
@@ -268,8 +267,8 @@ def test_per_sample_programs_bitwise_on_a_field_of_two_sub_domains():
     """A correlated field of two sub-domains (16x12 and 6 pixels) multiplies their amplitudes, ``azm * ahat_1 *
     ahat_2`` (a multiply-add in its JVP, which XLA:CPU may contract into FMAs differently in different programs).
     ``JitSharding`` (each device runs ``Vmap``'s unbatched per-sample program) and the batched program give the
-    residual and the field's tangent of ``Vmap`` bitwise. Before the barrier of ``linearize_with_adjoint``,
-    ``JitSharding`` was 1.9e-13 off here."""
+    residual and the field's tangent of ``Vmap`` bitwise (without the barrier of ``linearize_with_adjoint``,
+    ``JitSharding`` is 1.9e-13 off here)."""
     cfm = sv.CorrelatedFieldMaker("cf")
     cfm.set_amplitude_total_offset(0.0, (0.5, 0.1))
     cfm.add_fluctuations((16, 12), 1.0 / 16, fluctuations=(1.0, 0.3), loglogavgslope=(-3.0, 0.5), prefix="sp")

@@ -1,4 +1,4 @@
-"""Likelihoods, models, responses and fields are pytrees; the engine passes them as arguments (issue 11)."""
+"""Likelihoods, models, responses and fields are pytrees; the engine passes them as arguments."""
 
 import re
 import tomllib
@@ -228,10 +228,9 @@ def test_a_failed_rewrite_warns_instead_of_passing_silently(monkeypatch):
 def test_every_division_by_a_scalar_becomes_a_reciprocal_multiplication():
     """``x / s`` with a scalar ``s`` is ``x * (1 / s)`` in every compiled program, scalar ``x`` included.
 
-    A program that maps the per-sample code over a batch (``Vmap(chunk_size>1)``, and
-    ``JitSharding`` before 2026-11-26) turns a per-sample ``scalar / 3.0`` into an ``array / scalar``:
-    both forms must be rewritten alike (an unrewritten scalar division made a 1-device ``Vmap``
-    differ from ``JitSharding`` in the last bit).
+    A program that maps the per-sample code over a batch (``Vmap(chunk_size>1)``) turns a
+    per-sample ``scalar / 3.0`` into an ``array / scalar``: both forms must be rewritten alike (an
+    unrewritten scalar division makes the batched and the unbatched program differ in the last bit).
     """
     fn = reproducible.opaque_constants(lambda x, s: (x / s, x[0] / s, jnp.sum(x) / 3.0, x / x))
     x = jnp.asarray([0.3, 1.7, -2.9])

@@ -1,6 +1,6 @@
 """Solvers that report CONVERGED are near their root / minimum; non-positive curvature is never silent.
 
-Issue 10, items 0 and 7: with default settings, Newton-CG (geoVI update, KL minimization, plain use) is
+With default settings, Newton-CG (geoVI update, KL minimization, plain use) is
 compared with tightly solved roots and minima; a step made small by an inner CG cut short, by the
 gradient fallback or by backtracking must not pass for convergence. Non-positive curvature of a metric
 that must be positive definite raises (naming stage and iteration); unconverged sample solves are
@@ -36,15 +36,16 @@ def lognormal(n, noise, seed, amp=1.0):
 
 
 # ---------------------------------------------------------------------------------------------------
-# item 0: CONVERGED means close to the root / minimum
+# CONVERGED means close to the root / minimum
 # ---------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_geovi_update_with_default_config_reaches_the_tight_root():
     """1-D log-normal, 32 pixels, at the truth (MAP-ish): the default geoVI update equals the root.
 
     The root of ``delta(r) = g(p + r) - g(p) - y`` is found independently by scipy (MINPACK's hybrid
-    method, dense Jacobian). The old solver stopped its inner CG after one iteration (energy rule,
-    miniter 0), took a tiny step and declared convergence by ``xtol`` with ``|delta|^2 / 2`` still ~0.2.
+    method, dense Jacobian). A solver that judges convergence on the step it took would stop its inner
+    CG after one iteration (energy rule, miniter 0), take a tiny step and declare convergence by ``xtol``
+    with ``|delta|^2 / 2`` still ~0.2.
     """
     lh, xi_true = lognormal(32, 0.1, 0)
     pos = jnp.asarray(xi_true)
@@ -82,7 +83,8 @@ def test_geovi_update_with_default_config_reaches_the_tight_root():
 def test_kl_minimization_with_default_config_reaches_the_tight_minimum():
     """The engine's default KL Newton-CG converges only within ``xtol`` of the KL minimum (same residuals).
 
-    The old solver reported CONVERGED 3.7e-3 away from it (``xtol=1e-6``).
+    A solver that judges convergence on the step it took reports CONVERGED 3.7e-3 away from it
+    (``xtol=1e-6``).
     """
     n = 16
     lh, _ = lognormal(n, 0.03, 2)
@@ -160,8 +162,8 @@ def spd(seed, n, lo=1.0, hi=10.0):
 def test_newton_cg_default_config_float32_pytree_quadratic():
     """float32, condition number 10: default settings reach the minimum to float32 accuracy.
 
-    The old solver stopped 1.8e-4 away: at float32 rounding the Armijo test fails, backtracking made the
-    step tiny and ``xtol`` took that for convergence.
+    A solver that judges convergence on the step it took stops 1.8e-4 away: at float32 rounding the
+    Armijo test fails, backtracking makes the step tiny and ``xtol`` takes that for convergence.
     """
     n, k = 12, 4
 
@@ -229,7 +231,7 @@ def test_newton_cg_energy_rule_is_opt_in_and_never_convergence():
 
 
 # ---------------------------------------------------------------------------------------------------
-# item 7: non-positive curvature
+# non-positive curvature
 # ---------------------------------------------------------------------------------------------------
 def test_cg_curvature_at_rounding_level_is_nonpositive():
     """``d.A.d = 1e-20`` with ``|d| = |A d| = 1``: rounding noise, not curvature (old: a 1e20 step)."""

@@ -129,7 +129,7 @@ def cg_solve(
     else:
         # b - A x0 is computed by the loop's first pass, at the loop's one call site of matvec: each call site
         # inlines the operator (for the engine: the model's linearization and its transpose), and a separate
-        # A x0 here made the sampling step's program ~1.2x larger. The first pass applies A to d = x0.
+        # A x0 here would inline it a second time (a larger program). The first pass applies A to d = x0.
         nan = jnp.full((), jnp.nan, real)
         running = jnp.asarray(Status.RUNNING, jnp.int32)
         state = _State(x0, b, x0, nan, nan, jnp.zeros((), jnp.int32), running, jnp.bool_(True))

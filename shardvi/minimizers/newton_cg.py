@@ -183,7 +183,7 @@ def newton_cg(
     n = tm.size(x0)
     # f and g at x0 are evaluated by the loop's first pass, at the line search's one call site of fun_and_grad:
     # each call site inlines the whole objective (for the engine: the model, its linearization and transpose),
-    # and a separate evaluation here made the compiled program ~1.3x larger (compile time, BENCHMARKS.md)
+    # and a separate evaluation here would inline it a second time (a larger program, a longer compile)
     f_shape = jax.eval_shape(fun_and_grad, x0)[0]
     real = jnp.result_type(f_shape.dtype)
     off = jnp.asarray(-1.0, real)

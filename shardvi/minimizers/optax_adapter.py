@@ -18,7 +18,7 @@ from .progress import log_iteration
 from .solution import Solution
 from .status import Status
 
-if TYPE_CHECKING:  # imported where used: a run that does not use optax does not load it (~5 MiB per process)
+if TYPE_CHECKING:  # imported where used: a run that does not use optax does not load it (memory per process)
     import optax
 
 __all__ = ["OptaxConfig", "check_optimizer", "optax_minimize"]

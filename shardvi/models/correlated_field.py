@@ -118,8 +118,8 @@ def prefix_sum(x):
     are those of ``jnp.cumsum`` up to the order of the additions. XLA:CPU lowers
     ``cumsum`` to a reduce-window that it rewrites into a tree of windowed
     reductions, slow to run in the many copies the engine's solvers hold (the model,
-    its linearization and transpose at each call site): the KL minimization step of
-    the 128^2 benchmark runs ~18 % faster with this form (BENCHMARKS.md). Products
+    its linearization and transpose at each call site); this form runs faster there
+    (the engine's KL minimization step in particular). Products
     at ``Precision.HIGHEST`` (no reduced-precision matrix units on accelerators).
     """
     if x.ndim != 1 or x.shape[0] == 0:

@@ -44,13 +44,13 @@ class JitSharding(MultiDevice):
     Notes
     -----
     Letting the partitioner split one *batched* program over the device axis
-    instead (``jit(vmap(f))``, the form before 2026-11-26) costs more: the
-    batched ``while_loop`` solvers run in lockstep (an all-reduce in every loop
-    condition, every device iterating until the slowest sample anywhere has
-    converged) and XLA does not split custom calls such as a plain ``jnp.fft``
-    (it all-gathers the batch, and the FFT then sees another batch size than
-    on one device: other bits). On 2 and 4 forced CPU devices that took 1.4–1.6×
-    ``ShardMap``'s time per iteration (``BENCHMARKS.md``). shardvi's own FFT
+    instead (``jit(vmap(f))``) would cost more: the batched ``while_loop``
+    solvers would run in lockstep (an all-reduce in every loop condition, every
+    device iterating until the slowest sample anywhere has converged) and XLA
+    does not split custom calls such as a plain ``jnp.fft`` (it all-gathers the
+    batch, and the FFT then sees another batch size than on one device: other
+    bits). Mapped per device, ``JitSharding`` takes about ``ShardMap``'s time
+    per iteration (``BENCHMARKS.md``, "Sample-map strategies"). shardvi's own FFT
     (:func:`shardvi.parallel.fft.fftn`, used by :func:`shardvi.models.harmonic.hartley`
     and the correlated field) still carries a partitioning rule for user code
     that maps it with ``jax.jit`` and shardings of its own.
@@ -101,10 +101,9 @@ class JitSharding(MultiDevice):
         ``shard_map`` inside it hands each device its own samples (and blocks or rows), and
         ``per_device_fn`` runs on them unbatched, as under :class:`~shardvi.parallel.ShardMap`.
         So each device's solver loops stop at its own iteration count and hold no collective.
-        Left to XLA's partitioner, one batched program over the device axis ran the solvers in
-        lockstep (an all-reduce in every loop condition: 1.4-1.6x ``ShardMap``'s time per
-        iteration on 2-4 forced CPU devices, BENCHMARKS.md) and, with a field split, gathered
-        every sample row's samples around the slab transform's ``all_to_all`` (1.55-1.79x).
+        Left to XLA's partitioner, one batched program over the device axis would run the
+        solvers in lockstep (an all-reduce in every loop condition) and, with a field split,
+        gather every sample row's samples around the slab transform's ``all_to_all``.
         ``batch``: the sample axes in front of ``per_device_fn``'s outputs (1 for stacked
         samples, 0 for a sum). Returns the outputs with the device axis in front; with a field
         split, ``Slab`` leaves come back as ``MeshSlab`` (rows still split).

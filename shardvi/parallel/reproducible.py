@@ -58,7 +58,7 @@ one-chunk loop is not inlined into its context). Verified for jax 0.10.2 and
 0.11.2 on XLA:CPU; on jax 0.12.0.1 four of the bitwise tests still differ in the
 last bits (``tests/test_parallel_reproducible.py``); another XLA
 version may need other measures. Cost: XLA's CSE is off and constants are not folded in
-these steps (see ``BENCHMARKS.md``).
+these steps (measured in ``BENCHMARKS.md``: no measurable cost in compile or run time).
 """
 
 from __future__ import annotations
@@ -130,8 +130,8 @@ def check_jax_version(version: str | None = None) -> bool:
 
 #: XLA options of the engine steps (read-only; extend them per run with ``optimize_kl(..., compiler_options=...)``):
 #: CSE off (bitwise reproducibility, see the module docstring) and XLA:CPU's classic loop emitters instead of
-#: its MLIR fusion emitters, which need far more memory to compile these programs (128^2 correlated field,
-#: 5 iterations: 524 vs 926 MiB peak resident memory) for ~10 % faster iterations (``BENCHMARKS.md``).
+#: its MLIR fusion emitters, which need far more memory to compile these programs for slightly faster
+#: iterations (``BENCHMARKS.md``, "Compile time").
 #: The ``xla_cpu_`` option has no effect on other platforms. An option the running XLA does not know (jax 0.11's
 #: XLA has no ``xla_cpu_use_fusion_emitters``) is left out of the engine's options, see
 #: :func:`engine_compiler_options`.
@@ -141,14 +141,13 @@ REPRODUCIBLE_COMPILER_OPTIONS = types.MappingProxyType(
 
 #: XLA options of the engine steps on CPU only (read-only): LLVM optimization level 1 instead of 3 for the
 #: machine code. The engine's programs are large (every Newton-CG and CG loop inlines the model, its
-#: linearization and transpose), so LLVM's O3 pipeline is most of their compile time; O1 compiles them in
-#: ~0.65-0.8x the time (64^2 and 128^2 correlated field: 30 -> 20 s and 28 -> 22 s for the three steps) and
-#: they run as fast within the noise (+-5 %: their time is in FFTs and memory-bound loops), ``BENCHMARKS.md``.
+#: linearization and transpose), so LLVM's O3 pipeline is most of their compile time; O1 compiles them
+#: faster and they run as fast within the noise (their time is in FFTs and memory-bound loops; measured in
+#: ``BENCHMARKS.md``, "Compile time").
 #: Restore O3 with ``compiler_options={"xla_backend_optimization_level": 3}`` (long runs on large grids).
 #: Also XLA's while-loop-invariant code motion off (with CSE, as in :data:`REPRODUCIBLE_COMPILER_OPTIONS`):
 #: the solvers' loops hold little invariant work (linearizations are computed before them), and the pass,
-#: which runs a dozen times per program, made the steps compile in ~1.25x the time for the same speed
-#: (96x160 to 256^2 correlated fields: 0.78-0.81x the XLA seconds without it, each step's run 0.96-1.05x).
+#: which runs a dozen times per program, costs compile time for no speed (``BENCHMARKS.md``, "Compile time").
 CPU_COMPILER_OPTIONS = types.MappingProxyType(
     {"xla_backend_optimization_level": 1, "xla_disable_hlo_passes": "cse,while-loop-invariant-code-motion"}
 )

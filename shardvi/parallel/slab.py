@@ -16,8 +16,8 @@ On one device (no mesh axis) it is ``jnp.fft.fftn`` over the grid axes
 (as :func:`shardvi.parallel.fft.fftn`, which carries a rule for XLA's
 partitioner: a batch of fields split over devices under ``jit`` stays split).
 XLA:CPU computes that as the same 1-D passes in the same order (last axis
-first; bitwise equal to the explicit sequence, and ~1.5x faster than calling
-it pass by pass). A batched 1-D FFT on XLA:CPU transforms each line on its own — its
+first; bitwise equal to the explicit sequence, and faster than calling it
+pass by pass). A batched 1-D FFT on XLA:CPU transforms each line on its own — its
 result does not depend on how many lines are in the batch — and the two
 ``all_to_all`` only move data, so the slab transform is bitwise the
 one-device transform for any ``P`` that divides ``N0`` and ``N1``

@@ -205,7 +205,7 @@ def _dense_log_det(lh, pos, strategy):
         for i in range(0, n, _COLUMNS)
     ]
     m = np.concatenate(cols, axis=0).astype(np.float64)  # row i = M e_i = column i (M symmetric)
-    import scipy.linalg  # here: a run that does not estimate the ELBO does not load scipy (~18 MiB per process)
+    import scipy.linalg  # here: a run that does not estimate the ELBO does not load scipy (memory per process)
 
     ev = np.flip(scipy.linalg.eigvalsh(0.5 * (m + m.T)))
     if ev[-1] <= 0:

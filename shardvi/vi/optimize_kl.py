@@ -86,19 +86,37 @@ def optimize_kl(
         ``nonlinear_resample``, ``nonlinear_update`` (see :class:`SampleMode`).
     mirror_samples : bool
         Use antithetic pairs ``+r, -r``.
-    point_estimates, constants : sequence of dict keys or pytree of bools
-        Latent entries that are not sampled / not optimized.
-    linear_sampling : CGConfig or callable
-        CG for the MGVI solve ``M r = y``.
-    nonlinear_update : NewtonCGConfig or callable
-        Newton-CG of the geoVI update.
-    kl_minimization : Minimizer or callable
+    point_estimates : sequence of dict keys or pytree of bools
+        Latent entries without posterior samples: their residuals are zero, so
+        the KL minimization optimizes them as point estimates while the rest
+        is sampled. Top-level keys of a dict latent (``("skyzeromode",)``) or a
+        pytree of bools with the latent's structure (``True``: a point
+        estimate). Fixed for the run. Default: none.
+    constants : sequence of dict keys or pytree of bools
+        Latent entries the KL minimization does not move: they keep their
+        value in ``position`` (their residuals are still drawn unless they are
+        point estimates too). The same forms as ``point_estimates``. Default:
+        none.
+    linear_sampling : CGConfig or callable(iteration) -> CGConfig
+        Conjugate gradient of the MGVI solve ``M r = y``, one per sample.
+        Default ``CGConfig(tol=1e-6, maxiter=500)``.
+    nonlinear_update : NewtonCGConfig or callable(iteration) -> NewtonCGConfig
+        Newton-CG of the geoVI update, one per sample (used by the
+        ``nonlinear_*`` modes). Default ``NewtonCGConfig(xtol=1e-6, maxiter=20)``.
+    kl_minimization : Minimizer or callable(iteration) -> Minimizer
         Minimizer of the sample-averaged KL: ``NewtonCGConfig`` (line search),
         ``TrustRegionConfig`` (Steihaug trust region), ``OptaxConfig`` or any
-        :class:`~shardvi.minimizers.Minimizer`.
-    sample_map, kl_map : str or strategy
-        How samples are mapped (``"vmap"``, ``"lax_map"``, multi-device
-        strategies, or a :mod:`shardvi.parallel` strategy object).
+        :class:`~shardvi.minimizers.Minimizer`. Default
+        ``NewtonCGConfig(xtol=1e-6, maxiter=35)``.
+    sample_map : str or strategy
+        How the sample solves (MGVI CG, geoVI Newton-CG) are mapped over the
+        samples and devices: ``"vmap"`` (default), ``"lax_map"``,
+        ``"shard_map"``, ``"pmap"``, ``"jit"``, or a :mod:`shardvi.parallel`
+        strategy object (guide: "Choosing a strategy").
+    kl_map : str or strategy
+        How the sample-averaged KL (value, gradient, metric) is mapped inside
+        the KL minimization; the same choices as ``sample_map``, usually the
+        same strategy.
     devices : sequence of jax.Device, optional
         For multi-device strategies given by name (default: all devices);
         read once (a generator is fine). Never silently ignored: with
@@ -106,8 +124,8 @@ def optimize_kl(
         ``[jax.local_devices()[0]]``, with a strategy object only ``None`` or
         its own devices; anything else is a ``ValueError``.
     checkpoint_dir : str or os.PathLike, optional
-        Write an array-only checkpoint after every iteration (README,
-        "Checkpoints"). Checked before iteration 0 (created if missing; must
+        Write an array-only checkpoint after every iteration (guide:
+        "Checkpoints and resume"). Checked before iteration 0 (created if missing; must
         be a writable directory) and locked for the whole run: a second run
         on it raises :class:`CheckpointError` naming the lock's holder.
     resume : bool, ``"force"`` or path
@@ -137,9 +155,10 @@ def optimize_kl(
         Extra XLA options for the compiled sampling and KL steps, merged over
         :data:`shardvi.parallel.REPRODUCIBLE_COMPILER_OPTIONS` and, on CPU,
         :data:`shardvi.parallel.CPU_COMPILER_OPTIONS` (LLVM optimization level
-        1: ~0.7x the compile time; ``{"xla_backend_optimization_level": 3}``
-        restores XLA's default; XLA's while-loop-invariant code motion off
-        with CSE) (validated up front). Overriding ``xla_disable_hlo_passes``
+        1, which compiles faster at the same run time, see BENCHMARKS.md,
+        "Compile time"; ``{"xla_backend_optimization_level": 3}`` restores
+        XLA's default; XLA's while-loop-invariant code motion off with CSE)
+        (validated up front). Overriding ``xla_disable_hlo_passes``
         gives up bitwise reproducibility across device counts.
     progress : bool, str or shardvi.vi.progress.Progress
         What is printed while it runs (standard error). ``"auto"`` (default)
@@ -177,7 +196,8 @@ def optimize_kl(
         1 MiB, let threads share at most two heaps, and return the heaps'
         free pages to the system before each stage and after each step's
         compiling call (:mod:`shardvi.host_memory`). Lowers the peak resident
-        memory of large runs (BENCHMARKS.md); changes no result. Default:
+        memory of large runs (BENCHMARKS.md, "Opt-in process settings");
+        changes no result. Default:
         the allocator is left as it is.
 
     Returns
