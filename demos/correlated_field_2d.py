@@ -196,10 +196,15 @@ def solver_configs():
     The KL minimization stops on the energy decrease (``absdelta``), not on ``xtol``:
     ``xtol`` bounds the step's mean absolute entry over *all* latent entries, which the
     thousands of field excitations make tiny while the few hyperparameters still move.
+    The geoVI update stops when its full Newton step is below ``xtol = 1e-3`` per
+    latent entry (a thousandth of a prior standard deviation); tight inner CG solves
+    (``tol=0.01``) make its steps Newton steps, so every sample converges within
+    ``maxiter``, where loose ones (``tol=0.5``) leave the bound on the step above any
+    useful ``xtol`` for dozens of steps.
     """
     return dict(
         linear_sampling=sv.CGConfig(tol=1e-4, maxiter=1000),
-        nonlinear_update=sv.NewtonCGConfig(xtol=1e-5, maxiter=8, cg=sv.CGConfig(tol=0.5, maxiter=100)),
+        nonlinear_update=sv.NewtonCGConfig(xtol=1e-3, maxiter=30, cg=sv.CGConfig(tol=0.01, maxiter=1000)),
         kl_minimization=sv.NewtonCGConfig(xtol=None, absdelta=0.01, maxiter=30, cg=sv.CGConfig(tol=0.5, maxiter=200)),
     )
 

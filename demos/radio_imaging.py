@@ -6,7 +6,8 @@ observes it for ``--times`` hour angles (earth-rotation synthesis: every baselin
 traces an ellipse in the uv-plane). The visibilities ``V = R I`` are computed with
 ``sv.NUFFTResponse`` (jax-finufft) and get complex Gaussian noise of standard deviation
 ``sigma`` in the real and the imaginary part, ``sigma = --noise-level * rms|V|``. MGVI
-then geoVI reconstruct the sky; the dirty image ``R^dagger V / M`` (``M``
+(then geoVI, with ``--linear-iterations`` below ``--iterations``) reconstructs the sky;
+the dirty image ``R^dagger V / M`` (``M``
 visibilities: the point-spread function peaks at 1) is shown for comparison.
 
 Printed: the reduced chi^2 of the noise-normalized visibility residuals of the
@@ -46,7 +47,13 @@ def parse(argv=None):
         default=0.05,
         help="noise std per real/imaginary part in units of rms|V| (default 0.05)",
     )
-    ap.add_argument("--linear-iterations", type=int, default=2, help="leading MGVI iterations before geoVI (default 2)")
+    ap.add_argument(
+        "--linear-iterations",
+        type=int,
+        default=None,
+        help="leading MGVI iterations before geoVI (default: all of --iterations; geoVI on this problem needs "
+        "many more Newton-CG steps per sample than MGVI needs CG steps)",
+    )
     ap.add_argument(
         "--model-shards",
         type=int,
@@ -77,6 +84,8 @@ def parse(argv=None):
     du.check_positive(args.npix, "--npix", minimum=8)
     du.check_positive(args.antennas, "--antennas", minimum=3)
     du.check_positive(args.times, "--times", minimum=1)
+    if args.linear_iterations is None:
+        args.linear_iterations = args.iterations
     du.check_linear_iterations(args)
     du.check_positive_float(args.noise_level, "--noise-level")
     return args
@@ -206,7 +215,7 @@ def solver_configs():
     """MGVI sampling CG, geoVI Newton-CG and KL Newton-CG settings."""
     return dict(
         linear_sampling=sv.CGConfig(tol=1e-4, maxiter=1000),
-        nonlinear_update=sv.NewtonCGConfig(xtol=1e-5, maxiter=8, cg=sv.CGConfig(tol=0.5, maxiter=100)),
+        nonlinear_update=sv.NewtonCGConfig(xtol=1e-3, maxiter=30, cg=sv.CGConfig(tol=0.01, maxiter=1000)),
         kl_minimization=sv.NewtonCGConfig(xtol=None, absdelta=0.01, maxiter=30, cg=sv.CGConfig(tol=0.5, maxiter=200)),
     )
 

@@ -113,8 +113,8 @@ def compare(
     mode_seq = ("linear_resample", "nonlinear_resample", "nonlinear_update")
     configs: dict[str, Any] = dict(
         linear_sampling=sv.CGConfig(tol=1e-8, maxiter=200),
-        nonlinear_update=sv.NewtonCGConfig(xtol=1e-8, maxiter=10),
-        kl_minimization=sv.NewtonCGConfig(xtol=1e-8, maxiter=10),
+        nonlinear_update=sv.NewtonCGConfig(xtol=1e-6, maxiter=50, cg=sv.CGConfig(tol=0.01, maxiter=200)),
+        kl_minimization=sv.NewtonCGConfig(xtol=1e-6, maxiter=50, cg=sv.CGConfig(tol=0.01, maxiter=200)),
     )
 
     def run(devs, label):

@@ -10,10 +10,13 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 
 import jax
 import matplotlib.image
 import pytest
+
+import shardvi as sv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMOS = os.path.join(ROOT, "demos")
@@ -63,9 +66,24 @@ def number(pattern, text):
 @pytest.mark.slow
 def test_flagship_meets_chi2_and_coverage(tmp_path, capsys):
     demo = load("correlated_field_2d")
-    status = demo.main(
-        ["--npix", "48", "--n-samples", "6", "--iterations", "6", "--seed", "0", "--quiet", "--output", str(tmp_path)]
-    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", sv.ConvergenceWarning)
+        status = demo.main(
+            [
+                "--npix",
+                "48",
+                "--n-samples",
+                "6",
+                "--iterations",
+                "6",
+                "--seed",
+                "0",
+                "--quiet",
+                "--output",
+                str(tmp_path),
+            ]
+        )
+    assert [str(w.message) for w in caught if w.category is sv.ConvergenceWarning] == []  # every solve converges
     out, err = capsys.readouterr()
     assert status == 0, out
     assert "iteration" not in err  # --quiet: no progress
