@@ -19,8 +19,14 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 def main(port: int, process_id: int, out: str, strategy: str) -> None:
     import shardvi as sv  # imports jax but runs no JAX computation
 
+    from _timeouts import scaled
+
     sv.parallel.initialize_distributed(
-        f"127.0.0.1:{port}", num_processes=2, process_id=process_id, local_device_count=2, initialization_timeout=60
+        f"127.0.0.1:{port}",
+        num_processes=2,
+        process_id=process_id,
+        local_device_count=2,
+        initialization_timeout=int(scaled(60)),
     )
     import jax
 

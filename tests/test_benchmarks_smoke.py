@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import scipy.optimize
+from _timeouts import scaled
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmarks")
@@ -32,7 +33,7 @@ def _start(script, out):
 
 def _finish(proc, name):
     try:
-        stdout, stderr = proc.communicate(timeout=240)
+        stdout, stderr = proc.communicate(timeout=scaled(240))
     except subprocess.TimeoutExpired:
         proc.kill()
         raise

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _timeouts import scaled
 
 import shardvi as sv
 from shardvi.vi import checkpoint as ckpt
@@ -326,18 +327,18 @@ def start_holder(d):
     p = subprocess.Popen(
         [sys.executable, LOCK_WORKER, d], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
     )
-    ready, _, _ = select.select([p.stdout], [], [], 120)
+    ready, _, _ = select.select([p.stdout], [], [], scaled(120))
     line = p.stdout.readline().decode() if ready else ""
     if not line.startswith("locked"):
         p.kill()
-        _, err = p.communicate(timeout=30)
+        _, err = p.communicate(timeout=scaled(30))
         pytest.fail(f"lock worker did not start: {line!r} {err.decode()[-2000:]}")
     return p, int(line.split()[1])
 
 
 def stop_holder(p):
     p.stdin.close()
-    p.wait(timeout=60)
+    p.wait(timeout=scaled(60))
     p.stdout.close()
     p.stderr.close()
 
@@ -367,7 +368,7 @@ def test_stale_lock_of_a_dead_process_is_reported_and_taken_over(tmp_path):
     os.makedirs(d)
     p, pid = start_holder(d)
     p.send_signal(signal.SIGKILL)
-    p.wait(timeout=60)
+    p.wait(timeout=scaled(60))
     p.stdin.close(), p.stdout.close(), p.stderr.close()
     assert json.load(open(os.path.join(d, ckpt.LOCK_NAME)))["pid"] == pid  # left behind
     with pytest.warns(RuntimeWarning, match=rf"took over the stale lock .* pid {pid} .* no longer runs"):
@@ -417,7 +418,7 @@ def test_lock_is_reentrant_and_released_on_error(tmp_path):
 
 def dead_pid():
     p = subprocess.Popen([sys.executable, "-c", "pass"])
-    p.wait(timeout=60)
+    p.wait(timeout=scaled(60))
     return p.pid
 
 

@@ -15,6 +15,7 @@ import warnings
 import jax
 import matplotlib.image
 import pytest
+from _timeouts import scaled
 
 import shardvi as sv
 
@@ -232,7 +233,7 @@ def run_script(args):
         capture_output=True,
         text=True,
         cwd=ROOT,
-        timeout=120,
+        timeout=scaled(120),
         env={**os.environ, "JAX_PLATFORMS": "cpu"},
     )
     imported = {ln.rsplit("|", 1)[1].strip() for ln in res.stderr.splitlines() if ln.startswith("import time:")}

@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from _timeouts import scaled
 
 import shardvi as sv
 
@@ -33,7 +34,7 @@ def start(ckpt, out, cache):
 
 
 def finish(proc, timeout=300):
-    _, err = proc.communicate(timeout=timeout)
+    _, err = proc.communicate(timeout=scaled(timeout))
     assert proc.returncode == 0, err.decode()[-3000:]
 
 
@@ -97,13 +98,13 @@ def test_sigkill_resume_bitwise(tmp_path):
             if target == current:
                 time.sleep(rnd.uniform(0.05, run_time / 2))
             else:
-                deadline = time.monotonic() + 300
+                deadline = time.monotonic() + scaled(300)
                 while proc.poll() is None and (latest_nit(ckpt) or 0) < target and time.monotonic() < deadline:
                     time.sleep(0.002)
                 time.sleep(rnd.uniform(0.0, 0.05))
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)
-                proc.wait(timeout=30)
+                proc.wait(timeout=scaled(30))
                 kills += 1
             seen_nits.append(check_dir_consistent(ckpt))
         finish(start(ckpt, out, cache))

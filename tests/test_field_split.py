@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 from _jax_versions import DIFFERS_ON_JAX_0_12
 from _model_parallel_problem import run_layout
+from _timeouts import scaled
 
 import shardvi as sv
 from shardvi.parallel import JitSharding, ShardMap, Vmap
@@ -97,7 +98,7 @@ def test_mgvi_geovi_kl_bitwise_equal_to_one_device_on_every_mesh_layout():
         env=env,
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=scaled(400),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])

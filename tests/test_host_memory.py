@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+from _timeouts import scaled
 
 from shardvi import host_memory
 
@@ -66,7 +67,7 @@ print(capped)
 
 def run(keep: bool) -> dict:
     mode = "keep" if keep else "tune"
-    out = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, timeout=scaled(120))
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -79,7 +80,7 @@ def test_threads_share_at_most_max_heaps():
         env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
         mode = "keep" if keep else "tune"
         out = subprocess.run(
-            [sys.executable, "-c", HEAPS_SCRIPT, mode], env=env, capture_output=True, text=True, timeout=120
+            [sys.executable, "-c", HEAPS_SCRIPT, mode], env=env, capture_output=True, text=True, timeout=scaled(120)
         )
         assert out.returncode == 0, out.stderr[-2000:]
         return out.stderr.count("Arena "), out.stdout.strip().splitlines()[-1]

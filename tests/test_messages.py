@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _timeouts import scaled
 
 import shardvi as sv
 
@@ -31,7 +32,7 @@ def test_a_float64_model_without_x64_names_the_switch():
     )
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_ENABLE_X64", "XLA_FLAGS")}
     env["JAX_PLATFORMS"] = "cpu"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=scaled(120))
     errs = [line for line in out.stdout.splitlines() if line.startswith("ERR")]
     assert len(errs) == 2, out.stdout + out.stderr
     for e in errs:

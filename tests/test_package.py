@@ -10,6 +10,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from _timeouts import scaled
 
 import shardvi as sv
 from shardvi.compilation import CompileCounter
@@ -151,7 +152,7 @@ def test_import_shardvi_loads_neither_matplotlib_nor_finufft():
         capture_output=True,
         text=True,
         cwd=ROOT,
-        timeout=120,
+        timeout=scaled(120),
         env={**os.environ, "JAX_PLATFORMS": "cpu"},
     )
     assert res.returncode == 0, res.stderr

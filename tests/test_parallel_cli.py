@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from _timeouts import scaled
 
 from shardvi.__main__ import main
 
@@ -89,7 +90,7 @@ def test_compare_help_answers_without_jax():
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
     )
     assert res.returncode == 0, res.stderr

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from _timeouts import scaled
 
 FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 
@@ -41,7 +42,7 @@ def probe(mode, **env):
         env={**base, "JAX_PLATFORMS": "cpu", **env},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
