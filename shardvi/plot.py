@@ -1,8 +1,15 @@
 """Figures for reconstructions (matplotlib, written as PNG).
 
-All functions take plain arrays (NumPy or JAX), return the matplotlib
+All figure functions take plain arrays (NumPy or JAX), return the matplotlib
 ``Figure`` and, when ``path`` is given, save it there (parent folders are
 created) and close it.
+
+Maps follow one convention: ``image[i, j]`` is drawn at horizontal position
+``i`` and vertical position ``j`` (``image.T`` with the origin in the lower
+left). Axes are in pixels unless ``extent`` gives the outer edges
+``(x0, x1, y0, y1)`` of the grid in physical coordinates. A ``mask`` (boolean,
+True where observed, the shape of the map) is drawn as the outline of the
+observed region.
 
 The module never selects a matplotlib backend: the user's choice (or
 matplotlib's default, Agg where there is no display) is kept. ``import
@@ -17,13 +24,25 @@ from typing import overload
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.lines import Line2D
 from numpy.typing import ArrayLike
 
-__all__ = ["plot_reconstruction", "plot_samples", "plot_power_spectra", "plot_convergence", "save"]
+__all__ = [
+    "plot_reconstruction",
+    "plot_samples",
+    "plot_power_spectra",
+    "plot_convergence",
+    "draw_map",
+    "save",
+]
+
+MASK_COLOR = "red"  # outline of the observed region on sequential colour maps
+MASK_COLOR_DIVERGING = "black"  # ... and on the diverging one (red is part of it)
+DIVERGING_CMAP = "RdBu_r"
 
 
 def save(fig, path: str | None):
-    """Save ``fig`` to ``path`` (PNG) if given; returns ``fig``."""
+    """Save ``fig`` to ``path`` (PNG) if given and close it; returns ``fig``."""
     if path is not None:
         d = os.path.dirname(os.fspath(path))
         if d:
@@ -41,6 +60,136 @@ def _np(x):
     return None if x is None else np.asarray(x)
 
 
+def _with_unit(label: str, unit: str) -> str:
+    return f"{label} [{unit}]" if unit else label
+
+
+def _check_mask(mask, shape) -> np.ndarray | None:
+    if mask is None:
+        return None
+    mask = np.asarray(mask)
+    if mask.shape != tuple(shape):
+        raise ValueError(f"mask has shape {mask.shape}, the map has shape {tuple(shape)}")
+    return mask.astype(bool)
+
+
+def _extent(shape, extent) -> tuple:
+    """The outer pixel edges ``(x0, x1, y0, y1)``: ``extent`` or pixel indices (centres at integers)."""
+    if extent is None:
+        return (-0.5, shape[0] - 0.5, -0.5, shape[1] - 0.5)
+    extent = tuple(float(e) for e in extent)
+    if len(extent) != 4:
+        raise ValueError(f"extent must be (x0, x1, y0, y1) for a 2-D map, got {extent}")
+    return extent
+
+
+def _centres(n: int, extent) -> np.ndarray:
+    """Pixel centres of a 1-D grid of ``n`` pixels: indices, or within the edges ``extent = (x0, x1)``."""
+    if extent is None:
+        return np.arange(n, dtype=float)
+    x0, x1 = (float(e) for e in extent)
+    return x0 + (np.arange(n) + 0.5) * (x1 - x0) / n
+
+
+def _to_coords(idx, n: int, extent) -> np.ndarray:
+    """Pixel indices ``idx`` of a 1-D grid of ``n`` pixels in the coordinates of ``extent``."""
+    idx = np.asarray(idx, dtype=float)
+    if extent is None:
+        return idx
+    x0, x1 = (float(e) for e in extent)
+    return x0 + (idx + 0.5) * (x1 - x0) / n
+
+
+def draw_map(
+    ax,
+    image,
+    *,
+    mask=None,
+    extent=None,
+    xlabel: str | None = None,
+    ylabel: str | None = None,
+    label: str = "",
+    colorbar: bool = True,
+    mask_color: str = MASK_COLOR,
+    **imshow_kwargs,
+):
+    """Draw one 2-D map on ``ax``: image, outline of the observed region, axis labels, colour bar.
+
+    Parameters
+    ----------
+    ax : matplotlib Axes
+    image : array, shape (nx, ny)
+        ``image[i, j]`` is drawn at horizontal position ``i``, vertical ``j``. NaN
+        entries are left blank.
+    mask : bool array, shape (nx, ny), optional
+        True where observed. Its boundary is drawn as a contour line (none when
+        every or no pixel is observed).
+    extent : (x0, x1, y0, y1), optional
+        Outer edges of the grid in physical coordinates; default: pixel
+        indices, pixel centres at integers.
+    xlabel, ylabel : str, optional
+        Axis labels; default ``"x [pixel]"`` and ``"y [pixel]"``. An empty
+        string leaves the axis unlabelled.
+    label : str
+        Label of the colour bar.
+    colorbar : bool
+        Whether to add a colour bar to this panel.
+    mask_color : str
+        Colour of the mask outline.
+    **imshow_kwargs
+        Passed to ``ax.imshow`` (``vmin``, ``vmax``, ``cmap``, ...).
+
+    Returns
+    -------
+    matplotlib.image.AxesImage
+    """
+    image = np.asarray(image)
+    if image.ndim != 2:
+        raise ValueError(f"draw_map needs a 2-D image, got shape {image.shape}")
+    ext = _extent(image.shape, extent)
+    im = ax.imshow(image.T, origin="lower", extent=ext, **imshow_kwargs)
+    mask = _check_mask(mask, image.shape)
+    if mask is not None and mask.any() and not mask.all():
+        # origin + extent: the contour's grid is the image's pixel centres
+        ax.contour(
+            mask.T.astype(float),
+            levels=[0.5],
+            colors=mask_color,
+            linewidths=0.8,
+            origin="lower",
+            extent=ext,
+        )
+    ax.set_xlabel("x [pixel]" if xlabel is None else xlabel)
+    ax.set_ylabel("y [pixel]" if ylabel is None else ylabel)
+    if colorbar:
+        cb = ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+        cb.set_label(label)
+    return im
+
+
+def _mask_legend(fig, color: str = MASK_COLOR):
+    fig.legend(
+        handles=[Line2D([], [], color=color, lw=0.8, label="edge of the observed region")],
+        loc="outside lower center",
+        fontsize=8,
+        frameon=False,
+    )
+
+
+def _shade_unobserved(ax, mask, x):
+    """Grey bands over the runs of unobserved pixels of a 1-D ``mask`` (pixel centres ``x``)."""
+    if mask is None or mask.all():
+        return
+    dx = x[1] - x[0] if x.size > 1 else 1.0
+    bad = np.concatenate([[False], ~mask, [False]])
+    starts = np.flatnonzero(~bad[:-1] & bad[1:])
+    stops = np.flatnonzero(bad[:-1] & ~bad[1:])
+    for k, (a, b) in enumerate(zip(starts, stops)):
+        ax.axvspan(
+            x[a] - dx / 2, x[b - 1] + dx / 2, color="0.88", lw=0, zorder=0, label="unobserved" if k == 0 else None
+        )
+
+
 def plot_reconstruction(
     mean,
     std,
@@ -51,8 +200,18 @@ def plot_reconstruction(
     title: str = "",
     data_label: str = "data",
     path: str | None = None,
+    mask=None,
+    unit: str = "",
+    extent=None,
+    xlabel: str | None = None,
+    ylabel: str | None = None,
 ):
     """Truth, data, posterior mean and posterior std.
+
+    1-D: one panel with the data points, the truth, the posterior mean and a
+    ±2σ band. 2-D: one map per quantity (truth, data, mean, std and, with a
+    truth, ``|mean - truth| / std``), each with a labelled colour bar; truth
+    and mean share one colour scale.
 
     Parameters
     ----------
@@ -63,77 +222,237 @@ def plot_reconstruction(
     data : array, optional
         1-D: data values at ``data_coords`` (pixel indices); 2-D: an image
         (NaN where unobserved), e.g. a dirty image.
+    data_coords : array of int, optional
+        1-D: pixel indices of ``data`` (default ``0, 1, ...``).
+    title : str
+        Figure title.
     data_label : str
         Legend entry / panel title of ``data``.
+    path : str, optional
+        Where to save the PNG (the figure is then closed).
+    mask : bool array, same shape as ``mean``, optional
+        True where observed. 2-D: the outline of the observed region on the
+        truth, data, mean and std maps; 1-D: unobserved pixels shaded grey.
+    unit : str
+        Unit of the field values, appended to the colour bar labels (2-D) or
+        the value axis label (1-D) as ``"[unit]"``; empty: no unit.
+    extent : tuple, optional
+        Outer edges of the grid in physical coordinates, ``(x0, x1, y0, y1)``
+        (2-D) or ``(x0, x1)`` (1-D); default: pixel indices.
+    xlabel, ylabel : str, optional
+        Axis labels. Defaults: ``"x [pixel]"``; ``"y [pixel]"`` in 2-D, the
+        value axis ``"value"`` with ``unit`` in 1-D.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
     """
     mean, std, truth, data = _np(mean), _np(std), _np(truth), _np(data)
+    mask = _check_mask(mask, mean.shape)
     if mean.ndim == 1:
         fig, ax = plt.subplots(figsize=(8, 4))
-        x = np.arange(mean.size)
+        x = _centres(mean.size, extent)
+        _shade_unobserved(ax, mask, x)
         if data is not None:
             xc = np.arange(data.size) if data_coords is None else np.asarray(data_coords)
-            ax.plot(xc, data, ".", color="0.6", ms=3, label=data_label)
+            ax.plot(_to_coords(xc, mean.size, extent), data, ".", color="0.45", ms=3, label=data_label)
         if truth is not None:
             ax.plot(x, truth, "k-", lw=1.2, label="truth")
         ax.plot(x, mean, "C0-", lw=1.5, label="posterior mean")
         ax.fill_between(x, mean - 2 * std, mean + 2 * std, color="C0", alpha=0.25, label="±2σ")
         ax.legend(loc="best", fontsize=8)
-        ax.set_xlabel("pixel")
+        ax.set_xlabel("x [pixel]" if xlabel is None else xlabel)
+        ax.set_ylabel(_with_unit("value", unit) if ylabel is None else ylabel)
         ax.set_title(title)
         return save(fig, path)
     panels = [("truth", truth), (data_label, data), ("posterior mean", mean), ("posterior std", std)]
     panels = [(n, a) for n, a in panels if a is not None]
     if truth is not None:
-        panels.append(("|mean - truth| / std", np.abs(mean - truth) / std))
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.4))
-    vmin = np.nanmin([np.nanmin(a) for n, a in panels if n in ("truth", "posterior mean")])
-    vmax = np.nanmax([np.nanmax(a) for n, a in panels if n in ("truth", "posterior mean")])
-    for ax, (name, arr) in zip(np.atleast_1d(axes), panels):
-        kw = dict(vmin=vmin, vmax=vmax) if name in ("truth", "posterior mean") else {}
+        panels.append(("|mean − truth| / std", np.abs(mean - truth) / std))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.9 * len(panels), 3.9), layout="constrained", squeeze=False)
+    shared = [a for n, a in panels[:1] + panels[-3:] if n in ("truth", "posterior mean") and a is not None]
+    vmin = float(np.nanmin([np.nanmin(a) for a in shared]))
+    vmax = float(np.nanmax([np.nanmax(a) for a in shared]))
+    for k, (ax, (name, arr)) in enumerate(zip(axes[0], panels)):
         if name.startswith("|mean"):
-            kw = dict(vmin=0, vmax=3, cmap="magma")
-        im = ax.imshow(arr.T, origin="lower", **kw)
-        ax.set_title(name, fontsize=9)
-        ax.set_xticks([])
-        ax.set_yticks([])
-        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+            kw, label, panel_mask = dict(vmin=0, vmax=3, cmap="magma"), name + " (clipped at 3)", None
+        else:
+            kw = dict(vmin=vmin, vmax=vmax) if arr is truth or arr is mean else {}
+            label, panel_mask = _with_unit(name, unit), mask
+        draw_map(
+            ax,
+            arr,
+            mask=panel_mask,
+            extent=extent,
+            xlabel=xlabel,
+            ylabel=(ylabel if k == 0 else "") if ylabel is not None or k > 0 else None,
+            label=label,
+            **kw,
+        )
+        ax.set_title(name, fontsize=10)
+    if mask is not None and mask.any() and not mask.all():
+        _mask_legend(fig)
     fig.suptitle(title)
     return save(fig, path)
 
 
-def plot_samples(samples, *, truth=None, max_samples: int = 6, title: str = "", path: str | None = None):
-    """Individual posterior samples (leading axis), 1-D lines or 2-D images.
+def plot_samples(
+    samples,
+    *,
+    truth=None,
+    max_samples: int = 6,
+    title: str = "",
+    path: str | None = None,
+    mean=None,
+    mask=None,
+    unit: str = "",
+    extent=None,
+    xlabel: str | None = None,
+    ylabel: str | None = None,
+):
+    """The posterior mean and how individual posterior samples deviate from it.
 
-    2-D: the images (and ``truth`` as a first panel, if given) share one colour
-    scale and colour bar.
+    2-D: a panel with the truth (if given), a panel with the posterior mean
+    (one shared colour scale and colour bar), then one panel per sample showing
+    ``sample - mean`` on a diverging colour map with limits symmetric about 0
+    (one shared colour bar). 1-D: the samples, their mean and the truth as
+    lines, and below them ``sample - mean``.
+
+    Parameters
+    ----------
+    samples : array, shape (n_samples, n) or (n_samples, nx, ny)
+        Posterior samples (leading axis).
+    truth : array, optional
+        Ground truth, shape of one sample.
+    max_samples : int
+        At most this many samples are drawn (the first ones).
+    title : str
+        Figure title.
+    path : str, optional
+        Where to save the PNG (the figure is then closed).
+    mean : array, optional
+        Posterior mean that the deviations are taken from; default: the mean
+        of all of ``samples`` (not only the drawn ones).
+    mask : bool array, shape of one sample, optional
+        True where observed; drawn as in :func:`plot_reconstruction`, on every
+        map.
+    unit : str
+        Unit of the field values, appended to the colour bar (2-D) or value
+        axis (1-D) labels.
+    extent : tuple, optional
+        Outer edges of the grid, ``(x0, x1, y0, y1)`` (2-D) or ``(x0, x1)``
+        (1-D); default: pixel indices.
+    xlabel, ylabel : str, optional
+        Axis labels; defaults as in :func:`plot_reconstruction`.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
     """
     samples, truth = _np(samples), _np(truth)
-    samples = samples[:max_samples]
+    mean = samples.mean(axis=0) if mean is None else _np(mean)
+    mask = _check_mask(mask, samples.shape[1:])
+    shown = samples[:max_samples]
+    dev = shown - mean
     if samples.ndim == 2:
-        fig, ax = plt.subplots(figsize=(8, 4))
-        for i, s in enumerate(samples):
-            ax.plot(s, lw=0.8, alpha=0.7, label="samples" if i == 0 else None)
+        fig, (a1, a2) = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True, height_ratios=(3, 2), layout="constrained")
+        x = _centres(mean.size, extent)
+        for ax in (a1, a2):
+            _shade_unobserved(ax, mask, x)
+        for i, (s, d) in enumerate(zip(shown, dev)):
+            a1.plot(x, s, lw=0.8, alpha=0.7, label="samples" if i == 0 else None)
+            a2.plot(x, d, lw=0.8, alpha=0.8)
+        a1.plot(x, mean, "C0-", lw=2, label="posterior mean")
         if truth is not None:
-            ax.plot(truth, "k-", lw=1.2, label="truth")
-        ax.legend(fontsize=8)
-        ax.set_title(title)
+            a1.plot(x, truth, "k-", lw=1.2, label="truth")
+        a2.axhline(0.0, color="k", lw=0.8)
+        a1.legend(fontsize=8)
+        a1.set_ylabel(_with_unit("value", unit) if ylabel is None else ylabel)
+        a2.set_ylabel(_with_unit("sample − mean", unit))
+        a2.set_xlabel("x [pixel]" if xlabel is None else xlabel)
+        a1.set_title(title)
         return save(fig, path)
-    panels = ([("truth", truth)] if truth is not None else []) + [(f"sample {i}", s) for i, s in enumerate(samples)]
-    vmin = min(float(np.nanmin(a)) for _, a in panels)
-    vmax = max(float(np.nanmax(a)) for _, a in panels)
-    fig, axes = plt.subplots(1, len(panels), figsize=(3 * len(panels) + 0.6, 3), squeeze=False)
-    for ax, (name, img) in zip(axes[0], panels):
-        im = ax.imshow(img.T, origin="lower", vmin=vmin, vmax=vmax)
-        ax.set_title(name, fontsize=9)
-        ax.set_xticks([])
-        ax.set_yticks([])
-    fig.colorbar(im, ax=list(axes[0]), fraction=0.02, pad=0.01)
+    first = ([("truth", truth)] if truth is not None else []) + [("posterior mean", mean)]
+    n = len(first) + len(shown)
+    fig, axes = plt.subplots(1, n, figsize=(3.3 * n + 1.2, 3.6), layout="constrained", squeeze=False)
+    axes = axes[0]
+    vmin = min(float(np.nanmin(a)) for _, a in first)
+    vmax = max(float(np.nanmax(a)) for _, a in first)
+    lim = max(float(np.nanmax(np.abs(dev))), np.finfo(float).tiny)
+    for k, (ax, (name, img)) in enumerate(zip(axes, first)):
+        im = draw_map(
+            ax,
+            img,
+            mask=mask,
+            extent=extent,
+            xlabel=xlabel,
+            ylabel=(ylabel if k == 0 else "") if ylabel is not None or k > 0 else None,
+            colorbar=False,
+            vmin=vmin,
+            vmax=vmax,
+        )
+        ax.set_title(name, fontsize=10)
+    fig.colorbar(im, ax=list(axes[: len(first)]), fraction=0.05, pad=0.02).set_label(
+        _with_unit(", ".join(name for name, _ in first), unit)
+    )
+    for i, (ax, d) in enumerate(zip(axes[len(first) :], dev)):
+        im = draw_map(
+            ax,
+            d,
+            mask=mask,
+            extent=extent,
+            xlabel=xlabel,
+            ylabel="",
+            colorbar=False,
+            mask_color=MASK_COLOR_DIVERGING,
+            vmin=-lim,
+            vmax=lim,
+            cmap=DIVERGING_CMAP,
+        )
+        ax.set_title(f"sample {i} − mean", fontsize=10)
+    fig.colorbar(im, ax=list(axes[len(first) :]), fraction=0.05, pad=0.02).set_label(
+        _with_unit("sample − posterior mean", unit)
+    )
+    if mask is not None and mask.any() and not mask.all():
+        _mask_legend(fig)
     fig.suptitle(title)
     return save(fig, path)
 
 
-def plot_power_spectra(k, spectra, *, truth=None, title: str = "power spectrum", path: str | None = None):
-    """Posterior power-spectrum samples (shape (n_samples, n_k)) vs ``k`` on log-log axes."""
+def plot_power_spectra(
+    k,
+    spectra,
+    *,
+    truth=None,
+    title: str = "power spectrum",
+    path: str | None = None,
+    xlabel: str = "|k|",
+    ylabel: str = "P(|k|)",
+):
+    """Posterior power-spectrum samples against ``|k|`` on log-log axes.
+
+    Every sample as a thin line, their mean (with more than one sample) and the
+    truth; ``k = 0`` (the zero mode) is left out.
+
+    Parameters
+    ----------
+    k : array, shape (n_k,)
+        ``|k|`` of the spectra's entries.
+    spectra : array, shape (n_samples, n_k) or (n_k,)
+        Power spectrum of every posterior sample.
+    truth : array, shape (n_k,), optional
+        The true power spectrum.
+    title : str
+        Axes title.
+    path : str, optional
+        Where to save the PNG (the figure is then closed).
+    xlabel, ylabel : str
+        Axis labels (e.g. with the unit of ``k``).
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
     k, spectra, truth = _np(k), _np(spectra), _np(truth)
     sel = k > 0
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -143,17 +462,67 @@ def plot_power_spectra(k, spectra, *, truth=None, title: str = "power spectrum",
         ax.loglog(k[sel], np.mean(np.atleast_2d(spectra), axis=0)[sel], "C0-", lw=2, label="mean")
     if truth is not None:
         ax.loglog(k[sel], truth[sel], "k--", lw=1.5, label="truth")
-    ax.set_xlabel("|k|")
-    ax.set_ylabel("P(k)")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.legend(fontsize=8)
     ax.set_title(title)
     return save(fig, path)
 
 
+def _method(report) -> str:
+    """The inference method of one iteration: MAP (no samples), MGVI (linear modes) or geoVI (nonlinear)."""
+    if report.n_samples == 0:
+        return "MAP"
+    return "geoVI" if str(report.sample_mode).startswith("nonlinear") else "MGVI"
+
+
+def method_switches(history: Sequence) -> list:
+    """Where the inference method changes between consecutive iterations of ``history``.
+
+    Parameters
+    ----------
+    history : sequence of IterationReport
+        ``state.history`` of :func:`shardvi.optimize_kl`.
+
+    Returns
+    -------
+    list of (float, str)
+        Per change, the position halfway between the two iterations' numbers
+        and a label such as ``"MGVI → geoVI"``. The method is ``MAP`` for an
+        iteration without samples, ``geoVI`` for a ``nonlinear_*`` sample mode
+        and ``MGVI`` otherwise; a change of sample mode within one method
+        (``linear_resample`` to ``linear_sample``) is not a switch.
+    """
+    out = []
+    for prev, cur in zip(history[:-1], history[1:]):
+        a, b = _method(prev), _method(cur)
+        if a != b:
+            out.append(((prev.iteration + cur.iteration) / 2, f"{a} → {b}"))
+    return out
+
+
 def plot_convergence(history: Sequence, *, title: str = "convergence", path: str | None = None):
-    """KL energy and reduced chi^2 per global iteration from ``state.history``."""
+    """KL energy and reduced χ² per global iteration from ``state.history``.
+
+    A dashed vertical line, labelled e.g. ``"MGVI → geoVI"``, marks every
+    change of inference method between consecutive iterations (see
+    :func:`method_switches`), in both panels.
+
+    Parameters
+    ----------
+    history : sequence of IterationReport
+        ``state.history`` of :func:`shardvi.optimize_kl`.
+    title : str
+        Figure title.
+    path : str, optional
+        Where to save the PNG (the figure is then closed).
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
     it = [r.iteration for r in history]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.5))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.5), layout="constrained")
     a1.plot(it, [r.kl_energy for r in history], "o-")
     a1.set_xlabel("iteration")
     a1.set_ylabel("KL energy")
@@ -164,6 +533,20 @@ def plot_convergence(history: Sequence, *, title: str = "convergence", path: str
     a2.axhline(1.0, color="k", lw=0.8, ls=":")
     a2.set_xlabel("iteration")
     a2.set_ylabel("reduced χ²")
+    for x, label in method_switches(history):
+        for ax in (a1, a2):
+            ax.axvline(x, color="0.35", lw=1.0, ls="--")
+            ax.annotate(
+                label,
+                (x, 1.0),
+                xycoords=("data", "axes fraction"),
+                xytext=(3, -3),
+                textcoords="offset points",
+                ha="left",
+                va="top",
+                fontsize=8,
+                color="0.25",
+            )
     a2.legend(fontsize=8)
     fig.suptitle(title)
     return save(fig, path)

@@ -17,9 +17,9 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 
 
 def main(port: int, process_id: int, out: str, strategy: str) -> None:
-    import shardvi as sv  # imports jax but runs no JAX computation
-
     from _timeouts import scaled
+
+    import shardvi as sv  # imports jax but runs no JAX computation
 
     sv.parallel.initialize_distributed(
         f"127.0.0.1:{port}",

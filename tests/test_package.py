@@ -271,3 +271,15 @@ def test_examples_are_public_and_deterministic():
         examples.build_demo("nope")
     with pytest.raises(ValueError, match="npix"):
         examples.build_demo(npix=3)
+
+
+def test_parallel_exports_what_users_need_only():
+    """sv.parallel's public list: the strategies, multi-process set-up, field arrays, FFTs, reproducibility;
+    not the engine's placement and reduction helpers (importable, but not public API)."""
+    public = set(sv.parallel.__all__)
+    assert {"Vmap", "LaxMap", "ShardMap", "Pmap", "JitSharding", "Strategy", "initialize_distributed"} <= public
+    engine_only = {"place", "Placed", "map_mean", "fixed_order_mean", "chunked_apply", "sample_mesh", "sharded"}
+    assert not public & engine_only
+    assert len(public) <= 30
+    for name in public:
+        assert getattr(sv.parallel, name) is not None

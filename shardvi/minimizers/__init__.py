@@ -6,7 +6,7 @@ from .cg import CGConfig, conjugate_gradient
 from .minimizer import Minimizer, check_minimizer
 from .newton_cg import NewtonCGConfig, newton_cg
 from .optax_adapter import OptaxConfig, optax_minimize
-from .solution import CGResult, OptimizeResult, Solution, SolverError
+from .solution import CGResult, Solution, SolverError
 from .status import Status, status_message
 from .trust_region import TrustRegionConfig, trust_region_newton_cg
 
@@ -16,7 +16,6 @@ __all__ = [
     "Minimizer",
     "NewtonCGConfig",
     "OptaxConfig",
-    "OptimizeResult",
     "Solution",
     "SolverError",
     "Status",

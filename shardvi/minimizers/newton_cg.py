@@ -14,10 +14,10 @@ from ._validate import check_iters, check_name, check_tol
 from .cg import CGConfig, cg_solve
 from .minimizer import Minimizer
 from .progress import log_iteration
-from .solution import OptimizeResult, Solution
+from .solution import Solution
 from .status import Status
 
-__all__ = ["NewtonCGConfig", "OptimizeResult", "newton_cg"]
+__all__ = ["NewtonCGConfig", "newton_cg"]
 
 _ARMIJO_C1 = 1e-4
 _ENERGY_RULE_MINITER = 6  # the inner CG's energy rule counts from this iteration on (NIFTy's CG miniter)

@@ -18,7 +18,7 @@ import numpy as np
 from ..exceptions import ShardviError
 from .status import Status, status_message
 
-__all__ = ["CGResult", "OptimizeResult", "Solution", "SolverError"]
+__all__ = ["CGResult", "Solution", "SolverError"]
 
 
 class SolverError(ShardviError, RuntimeError):
@@ -179,10 +179,6 @@ class Solution(NamedTuple):
         return _throw(self, accept)
 
     throw.__doc__ = _THROW_DOC
-
-
-OptimizeResult = Solution
-"""The name used before :class:`Solution`; the same class."""
 
 
 class CGResult(NamedTuple):

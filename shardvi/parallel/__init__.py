@@ -21,6 +21,7 @@ model axis: sums, tables and draws that are bitwise the same on any layout,
 :mod:`shardvi.parallel.grid`).
 """
 
+# ruff: noqa: F401 -- the engine imports its helpers from here too; __all__ below is the public part
 from .._xla_flags import depth_first_cpu_schedule
 from .collectives import CollectiveCounts, collectives, count_collectives
 from .distributed import initialize_distributed, is_distributed, shutdown_distributed
@@ -59,46 +60,32 @@ from .vmap import Vmap
 #: strategies registered later)
 STRATEGY_NAMES = strategy_names()
 
+# the names users need; the other names imported above are the engine's own (importable, not public API)
 __all__ = [
+    "CPU_COMPILER_OPTIONS",
     "CollectiveCounts",
+    "GridLayout",
     "JitSharding",
     "LaxMap",
-    "Placed",
     "Pmap",
     "REDUCE_MODES",
-    "CPU_COMPILER_OPTIONS",
     "REPRODUCIBLE_COMPILER_OPTIONS",
-    "SAMPLE_AXIS",
     "STRATEGY_NAMES",
     "ShardMap",
+    "Slab",
     "Strategy",
     "Vmap",
-    "check_compiler_options",
-    "check_devices",
-    "chunked_apply",
     "collectives",
-    "engine_compiler_options",
-    "count_collectives",
     "depth_first_cpu_schedule",
     "field_array",
-    "fixed_order_mean",
     "get_strategy",
     "initialize_distributed",
     "is_distributed",
-    "map_mean",
-    "opaque_constants",
-    "place",
     "process_rows",
     "register_strategy",
-    "replicated",
     "reproducible_jit",
-    "sample_mesh",
-    "sharded",
-    "GridLayout",
-    "Slab",
+    "shutdown_distributed",
     "slab_fftn",
     "slab_hartley",
-    "shutdown_distributed",
-    "strategy_class",
     "strategy_names",
 ]

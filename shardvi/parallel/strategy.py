@@ -419,51 +419,10 @@ def get_strategy(spec, argname: str = "sample_map", devices=None, **options) -> 
         if not type(spec).__module__.startswith("shardvi.parallel"):
             _probe_strategy(spec, argname)
         return spec
-    if all(hasattr(spec, attr) for attr in ("name", "map", "mean")):  # an object written to the protocol of 0.1
-        adapted = _Adapted(spec).accept_devices(devices, argname)
-        _probe_strategy(adapted, argname)
-        return adapted
     raise TypeError(
         f"{argname} must be a strategy name {strategy_names()} or a shardvi.parallel.Strategy "
         f"object (subclass it and implement map), got {type(spec).__name__}"
     )
-
-
-class _Adapted(Strategy):
-    """A duck-typed strategy object (``name``, ``map``, ``mean``; optional ``map_mean``, ``place``, ``devices``).
-
-    Objects written before the :class:`Strategy` base keep working: the
-    engine sees a :class:`Strategy`. Their optional methods are used where
-    they exist.
-    """
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.name = inner.name
-        self.devices = getattr(inner, "devices", None)
-
-    def __repr__(self):
-        return repr(self.inner)
-
-    def __eq__(self, other):
-        return isinstance(other, _Adapted) and self.inner == other.inner
-
-    def __hash__(self):
-        return hash(self.inner)
-
-    def map(self, fn, in_axes):
-        return self.inner.map(fn, in_axes)
-
-    def mean(self, stacked):
-        return self.inner.mean(stacked)
-
-    def map_mean(self, fn, in_axes):
-        own = getattr(self.inner, "map_mean", None)
-        return own(fn, in_axes) if callable(own) else super().map_mean(fn, in_axes)
-
-    def place(self, tree):
-        own = getattr(self.inner, "place", None)
-        return own(tree) if callable(own) else tree
 
 
 _PROBE_SAMPLES = 8
@@ -475,7 +434,7 @@ def _probe_strategy(spec: Strategy, argname: str) -> None:
     A strategy that returns the wrong thing would otherwise fail deep inside
     the engine's compiled steps with a JAX-internal message.
     """
-    inner = spec.inner if isinstance(spec, _Adapted) else spec
+    inner = spec
     label = type(inner).__name__
     for attr in ("map", "mean"):
         if not callable(getattr(inner, attr, None)):

@@ -10,7 +10,8 @@ import numpy as np
 from .. import tree_math as tm
 from ..minimizers.cg import CGResult, conjugate_gradient
 from ..minimizers.config import CGConfig, NewtonCGConfig
-from ..minimizers.newton_cg import OptimizeResult, newton_cg
+from ..minimizers.newton_cg import newton_cg
+from ..minimizers.solution import Solution
 from ..models.model import check_latent
 from .likelihood import Likelihood
 from .masks import project
@@ -119,7 +120,7 @@ def nonlinearly_update_residual(
     config: NewtonCGConfig = NewtonCGConfig(),
     *,
     sample_mask=None,
-) -> tuple[object, OptimizeResult]:
+) -> tuple[object, Solution]:
     """geoVI: curve a residual so that ``g(pos + r) = g(pos) + sign * y``.
 
     With ``x = T(model(xi))`` (``T`` the likelihood's coordinates around
@@ -143,7 +144,7 @@ def nonlinearly_update_residual(
 
     Returns
     -------
-    residual, OptimizeResult
+    residual, Solution
     """
     _check_inputs(lh, pos, metric_sample_key, config, NewtonCGConfig, residual=residual, sign=metric_sample_sign)
     if not lh.has_transformation:
