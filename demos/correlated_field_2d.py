@@ -304,11 +304,16 @@ def main(argv=None, *, args=None) -> int:
         std,
         truth=problem.truth,
         data=problem.data_image(),
+        mask=problem.mask,
         title=f"log-normal correlated field {args.npix}x{args.npix} (MGVI + geoVI)",
         path=du.png_path(out, "reconstruction.png"),
     )
     plot.plot_samples(
-        sky_samples, truth=problem.truth, title="posterior samples of the sky", path=du.png_path(out, "samples.png")
+        sky_samples,
+        truth=problem.truth,
+        mask=problem.mask,
+        title="posterior samples of the sky: deviations from the posterior mean",
+        path=du.png_path(out, "samples.png"),
     )
     spectra = np.asarray(samples.map(problem.field.power_spectrum))
     plot.plot_power_spectra(
@@ -316,6 +321,8 @@ def main(argv=None, *, args=None) -> int:
         spectra,
         truth=np.asarray(problem.field.power_spectrum(problem.xi_true)),
         title="power spectrum of log-sky: posterior samples vs truth",
+        xlabel="|k| [cycles per field width]",
+        ylabel="P(|k|) of log-sky",
         path=du.png_path(out, "power_spectrum.png"),
     )
     plot.plot_convergence(state.history, path=du.png_path(out, "convergence.png"))

@@ -99,34 +99,47 @@ def run(problem, devices, args):
     return dict(samples=flat, mean=sky.mean(0), std=sky.std(0, ddof=1), kl_energy=kl, time=time.perf_counter() - t0)
 
 
-def plot_comparison(one, many, n, title, path):
-    """Posterior mean and std on 1 and N devices and the differences (N minus 1)."""
+def plot_comparison(one, many, n, title, path, *, mask=None):
+    """Posterior mean and std on 1 and N devices and the differences (N minus 1).
+
+    ``title`` is the figure's title; ``mask`` (True where observed, optional) is outlined on every map.
+    """
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FormatStrFormatter
 
     from shardvi import plot
 
-    fig, axes = plt.subplots(2, 3, figsize=(11.5, 7))
+    fig, axes = plt.subplots(2, 3, figsize=(12.5, 7.5), layout="constrained")
     for row, key in enumerate(("mean", "std")):
         a, b = one[key], many[key]
         lo, hi = min(a.min(), b.min()), max(a.max(), b.max())
         d = b - a
         lim = max(float(np.max(np.abs(d))), float(np.spacing(np.max(np.abs(a)))))  # >= 1 ulp
-        for ax, img, title, kw, fmt in (
-            (axes[row, 0], a, f"posterior {key}, 1 device", dict(vmin=lo, vmax=hi), None),
-            (axes[row, 1], b, f"posterior {key}, {n} devices", dict(vmin=lo, vmax=hi), None),
+        for col, (img, panel_title, cbar_label, kw) in enumerate(
             (
-                axes[row, 2],
-                d,
-                f"{key} difference ({n} dev - 1 dev)\nmax |diff| = {np.max(np.abs(d)):.2g}",
-                dict(vmin=-lim, vmax=lim, cmap="RdBu_r"),
-                "%.1e",
-            ),
+                (a, f"posterior {key}, 1 device", f"posterior {key}", dict(vmin=lo, vmax=hi)),
+                (b, f"posterior {key}, {n} devices", f"posterior {key}", dict(vmin=lo, vmax=hi)),
+                (
+                    d,
+                    f"{key} difference ({n} dev − 1 dev)\nmax |diff| = {np.max(np.abs(d)):.2g}",
+                    f"{key} difference",
+                    dict(vmin=-lim, vmax=lim, cmap="RdBu_r", mask_color="black"),
+                ),
+            )
         ):
-            im = ax.imshow(img.T, origin="lower", **kw)
-            ax.set_title(title, fontsize=9)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, format=fmt)
+            ax = axes[row, col]
+            im = plot.draw_map(
+                ax,
+                img,
+                mask=mask,
+                label=cbar_label,
+                xlabel=None if row == 1 else "",
+                ylabel=None if col == 0 else "",
+                **kw,
+            )
+            ax.set_title(panel_title, fontsize=9)
+            if col == 2:
+                im.colorbar.formatter = FormatStrFormatter("%.1e")
     fig.suptitle(title)
     return plot.save(fig, path)
 
@@ -158,6 +171,7 @@ def main(argv=None, *, args=None) -> int:
         n,
         f"{args.strategy} (reduce={args.reduce}) on 1 vs {n} devices, same RNG keys",
         du.png_path(args.output, "comparison.png"),
+        mask=problem.mask,
     )
     print(f"figures written to {args.output}/")
 

@@ -220,6 +220,14 @@ def solver_configs():
     )
 
 
+def sky_extent(response):
+    """Outer pixel edges ``(l0, l1, m0, m1)`` of the image grid in arcsec; ``(l, m) = (0, 0)`` at the centre
+    of pixel ``(nx // 2, ny // 2)`` (the response's convention)."""
+    (nx, ny), (dl, dm) = response.image_shape, response.pixel_size
+    l0, m0 = (-(nx // 2) - 0.5) * dl / ARCSEC, (-(ny // 2) - 0.5) * dm / ARCSEC
+    return (l0, l0 + nx * dl / ARCSEC, m0, m0 + ny * dm / ARCSEC)
+
+
 def plot_uv(u, v, path):
     """The uv-coverage (both halves: ``V(-u, -v) = conj V(u, v)`` for a real sky)."""
     import matplotlib.pyplot as plt
@@ -307,6 +315,7 @@ def main(argv=None, *, args=None) -> int:
     print(f"wall time {wall:.1f} s (including compilation)")
 
     out = args.output
+    sky_axes = dict(extent=sky_extent(prob.response), xlabel="l [arcsec]", ylabel="m [arcsec]")
     plot.plot_reconstruction(
         mean,
         std,
@@ -315,9 +324,15 @@ def main(argv=None, *, args=None) -> int:
         data_label="dirty image",
         title=f"radio imaging {args.npix}x{args.npix} (NUFFT, MGVI + geoVI)",
         path=du.png_path(out, "reconstruction.png"),
+        **sky_axes,
     )
     plot.plot_samples(
-        sky, truth=prob.truth, max_samples=4, title="posterior samples of the sky", path=du.png_path(out, "samples.png")
+        sky,
+        truth=prob.truth,
+        max_samples=4,
+        title="posterior samples of the sky: deviations from the posterior mean",
+        path=du.png_path(out, "samples.png"),
+        **sky_axes,
     )
     plot_uv(prob.u, prob.v, du.png_path(out, "uv_coverage.png"))
     plot.plot_convergence(state.history, path=du.png_path(out, "convergence.png"))

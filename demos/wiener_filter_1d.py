@@ -127,13 +127,15 @@ def main(argv=None, *, args=None) -> int:
         truth=truth,
         data=data,
         data_coords=coords,
+        mask=mask,
         title="Wiener filter 1-D (MGVI)",
         path=du.png_path(args.output, "reconstruction.png"),
     )
     plot.plot_samples(
         jax.vmap(signal)(samples.samples),
         truth=truth,
-        title="posterior samples",
+        mask=mask,
+        title="posterior samples and their deviations from the posterior mean",
         path=du.png_path(args.output, "samples.png"),
     )
     plot.plot_convergence(state.history, path=du.png_path(args.output, "convergence.png"))

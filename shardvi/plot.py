@@ -24,7 +24,10 @@ from typing import overload
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.collections import LineCollection
+from matplotlib.legend_handler import HandlerTuple
 from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
 from numpy.typing import ArrayLike
 
 __all__ = [
@@ -36,9 +39,11 @@ __all__ = [
     "save",
 ]
 
-MASK_COLOR = "red"  # outline of the observed region on sequential colour maps
-MASK_COLOR_DIVERGING = "black"  # ... and on the diverging one (red is part of it)
-DIVERGING_CMAP = "RdBu_r"
+_MASK_COLOR = "red"  # outline of the observed region on sequential colour maps
+_MASK_COLOR_DIVERGING = "black"  # ... and on the diverging one (red is part of it)
+_DIVERGING_CMAP = "RdBu_r"
+
+_OUTLINE_LABEL = "edge of the observed region"
 
 
 def save(fig, path: str | None):
@@ -83,21 +88,42 @@ def _extent(shape, extent) -> tuple:
     return extent
 
 
-def _centres(n: int, extent) -> np.ndarray:
-    """Pixel centres of a 1-D grid of ``n`` pixels: indices, or within the edges ``extent = (x0, x1)``."""
-    if extent is None:
-        return np.arange(n, dtype=float)
-    x0, x1 = (float(e) for e in extent)
-    return x0 + (np.arange(n) + 0.5) * (x1 - x0) / n
-
-
-def _to_coords(idx, n: int, extent) -> np.ndarray:
-    """Pixel indices ``idx`` of a 1-D grid of ``n`` pixels in the coordinates of ``extent``."""
+def _coords(idx, n: int, extent) -> np.ndarray:
+    """Pixel indices ``idx`` of a 1-D grid of ``n`` pixels as coordinates: the indices, or the pixel centres
+    within the outer edges ``extent = (x0, x1)``."""
     idx = np.asarray(idx, dtype=float)
     if extent is None:
         return idx
     x0, x1 = (float(e) for e in extent)
     return x0 + (idx + 0.5) * (x1 - x0) / n
+
+
+def _outline(ax, mask, ext, color, min_pixels):
+    """The boundary of the observed region of ``mask`` as a ``LineCollection`` on ``ax`` (None if nothing to draw).
+
+    Contours at 0.5 of the mask through the pixel centres; an outline enclosing less than ``min_pixels``
+    pixels is left out (one ended by the grid's edge is measured as closed by the line between its ends).
+    """
+    if mask.all() or not mask.any():
+        return None
+    import contourpy  # a dependency of matplotlib
+
+    lines = contourpy.contour_generator(z=mask.T.astype(float), line_type="Separate").lines(0.5)
+    keep = []
+    for xy in lines:  # columns of mask.T (= i), rows (= j)
+        x, y = xy[:, 0], xy[:, 1]
+        area = 0.5 * abs(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1)))  # shoelace
+        if area >= min_pixels:
+            keep.append(xy)
+    if not keep:
+        return None
+    nx, ny = mask.shape
+    x0, x1, y0, y1 = ext
+    scale = np.array([(x1 - x0) / nx, (y1 - y0) / ny])
+    segs = [np.array([x0, y0]) + (xy + 0.5) * scale for xy in keep]
+    lc = LineCollection(segs, colors=color, linewidths=0.8, label=_OUTLINE_LABEL, zorder=3)
+    ax.add_collection(lc, autolim=False)
+    return lc
 
 
 def draw_map(
@@ -110,7 +136,8 @@ def draw_map(
     ylabel: str | None = None,
     label: str = "",
     colorbar: bool = True,
-    mask_color: str = MASK_COLOR,
+    mask_color: str = "red",
+    mask_min_pixels: float = 3.0,
     **imshow_kwargs,
 ):
     """Draw one 2-D map on ``ax``: image, outline of the observed region, axis labels, colour bar.
@@ -122,7 +149,8 @@ def draw_map(
         ``image[i, j]`` is drawn at horizontal position ``i``, vertical ``j``. NaN
         entries are left blank.
     mask : bool array, shape (nx, ny), optional
-        True where observed. Its boundary is drawn as a contour line (none when
+        True where observed. Its boundary is drawn as contour lines (a
+        ``LineCollection`` labelled ``"edge of the observed region"``; none when
         every or no pixel is observed).
     extent : (x0, x1, y0, y1), optional
         Outer edges of the grid in physical coordinates; default: pixel
@@ -136,6 +164,11 @@ def draw_map(
         Whether to add a colour bar to this panel.
     mask_color : str
         Colour of the mask outline.
+    mask_min_pixels : float
+        Outlines that enclose less than this area (in pixels) are not drawn,
+        so that isolated unobserved (or observed) pixels do not clutter the
+        map: a single pixel's outline encloses half a pixel, that of a square
+        of ``n x n`` pixels ``n**2 - 0.5``. 0 draws every outline.
     **imshow_kwargs
         Passed to ``ax.imshow`` (``vmin``, ``vmax``, ``cmap``, ...).
 
@@ -149,16 +182,8 @@ def draw_map(
     ext = _extent(image.shape, extent)
     im = ax.imshow(image.T, origin="lower", extent=ext, **imshow_kwargs)
     mask = _check_mask(mask, image.shape)
-    if mask is not None and mask.any() and not mask.all():
-        # origin + extent: the contour's grid is the image's pixel centres
-        ax.contour(
-            mask.T.astype(float),
-            levels=[0.5],
-            colors=mask_color,
-            linewidths=0.8,
-            origin="lower",
-            extent=ext,
-        )
+    if mask is not None:
+        _outline(ax, mask, ext, mask_color, mask_min_pixels)
     ax.set_xlabel("x [pixel]" if xlabel is None else xlabel)
     ax.set_ylabel("y [pixel]" if ylabel is None else ylabel)
     if colorbar:
@@ -167,9 +192,16 @@ def draw_map(
     return im
 
 
-def _mask_legend(fig, color: str = MASK_COLOR):
+def _mask_legend(fig, colors=(_MASK_COLOR,)):
+    """A legend entry for the mask outline below the panels, if any panel has one."""
+    drawn = [c for ax in fig.axes for c in ax.collections if c.get_label() == _OUTLINE_LABEL]
+    if not drawn:
+        return
+    handle = tuple(Line2D([], [], color=c, lw=0.8) for c in colors)
     fig.legend(
-        handles=[Line2D([], [], color=color, lw=0.8, label="edge of the observed region")],
+        [handle],
+        [_OUTLINE_LABEL],
+        handler_map={tuple: HandlerTuple(ndivide=None)},
         loc="outside lower center",
         fontsize=8,
         frameon=False,
@@ -205,6 +237,7 @@ def plot_reconstruction(
     extent=None,
     xlabel: str | None = None,
     ylabel: str | None = None,
+    mask_min_pixels: float = 3.0,
 ):
     """Truth, data, posterior mean and posterior std.
 
@@ -242,6 +275,9 @@ def plot_reconstruction(
     xlabel, ylabel : str, optional
         Axis labels. Defaults: ``"x [pixel]"``; ``"y [pixel]"`` in 2-D, the
         value axis ``"value"`` with ``unit`` in 1-D.
+    mask_min_pixels : float
+        2-D: outlines enclosing less than this many pixels are not drawn (see
+        :func:`draw_map`).
 
     Returns
     -------
@@ -251,11 +287,11 @@ def plot_reconstruction(
     mask = _check_mask(mask, mean.shape)
     if mean.ndim == 1:
         fig, ax = plt.subplots(figsize=(8, 4))
-        x = _centres(mean.size, extent)
+        x = _coords(np.arange(mean.size), mean.size, extent)
         _shade_unobserved(ax, mask, x)
         if data is not None:
             xc = np.arange(data.size) if data_coords is None else np.asarray(data_coords)
-            ax.plot(_to_coords(xc, mean.size, extent), data, ".", color="0.45", ms=3, label=data_label)
+            ax.plot(_coords(xc, mean.size, extent), data, ".", color="0.45", ms=3, label=data_label)
         if truth is not None:
             ax.plot(x, truth, "k-", lw=1.2, label="truth")
         ax.plot(x, mean, "C0-", lw=1.5, label="posterior mean")
@@ -270,28 +306,28 @@ def plot_reconstruction(
     if truth is not None:
         panels.append(("|mean − truth| / std", np.abs(mean - truth) / std))
     fig, axes = plt.subplots(1, len(panels), figsize=(3.9 * len(panels), 3.9), layout="constrained", squeeze=False)
-    shared = [a for n, a in panels[:1] + panels[-3:] if n in ("truth", "posterior mean") and a is not None]
+    shared = [a for n, a in panels if n in ("truth", "posterior mean")]
     vmin = float(np.nanmin([np.nanmin(a) for a in shared]))
     vmax = float(np.nanmax([np.nanmax(a) for a in shared]))
     for k, (ax, (name, arr)) in enumerate(zip(axes[0], panels)):
         if name.startswith("|mean"):
             kw, label, panel_mask = dict(vmin=0, vmax=3, cmap="magma"), name + " (clipped at 3)", None
         else:
-            kw = dict(vmin=vmin, vmax=vmax) if arr is truth or arr is mean else {}
+            kw = dict(vmin=vmin, vmax=vmax) if name in ("truth", "posterior mean") else {}
             label, panel_mask = _with_unit(name, unit), mask
         draw_map(
             ax,
             arr,
             mask=panel_mask,
+            mask_min_pixels=mask_min_pixels,
             extent=extent,
             xlabel=xlabel,
-            ylabel=(ylabel if k == 0 else "") if ylabel is not None or k > 0 else None,
+            ylabel=ylabel if k == 0 else "",  # the row shares one y axis label
             label=label,
             **kw,
         )
         ax.set_title(name, fontsize=10)
-    if mask is not None and mask.any() and not mask.all():
-        _mask_legend(fig)
+    _mask_legend(fig)
     fig.suptitle(title)
     return save(fig, path)
 
@@ -309,6 +345,7 @@ def plot_samples(
     extent=None,
     xlabel: str | None = None,
     ylabel: str | None = None,
+    mask_min_pixels: float = 3.0,
 ):
     """The posterior mean and how individual posterior samples deviate from it.
 
@@ -344,6 +381,9 @@ def plot_samples(
         (1-D); default: pixel indices.
     xlabel, ylabel : str, optional
         Axis labels; defaults as in :func:`plot_reconstruction`.
+    mask_min_pixels : float
+        2-D: outlines enclosing less than this many pixels are not drawn (see
+        :func:`draw_map`).
 
     Returns
     -------
@@ -356,7 +396,7 @@ def plot_samples(
     dev = shown - mean
     if samples.ndim == 2:
         fig, (a1, a2) = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True, height_ratios=(3, 2), layout="constrained")
-        x = _centres(mean.size, extent)
+        x = _coords(np.arange(mean.size), mean.size, extent)
         for ax in (a1, a2):
             _shade_unobserved(ax, mask, x)
         for i, (s, d) in enumerate(zip(shown, dev)):
@@ -384,9 +424,10 @@ def plot_samples(
             ax,
             img,
             mask=mask,
+            mask_min_pixels=mask_min_pixels,
             extent=extent,
             xlabel=xlabel,
-            ylabel=(ylabel if k == 0 else "") if ylabel is not None or k > 0 else None,
+            ylabel=ylabel if k == 0 else "",  # the row shares one y axis label
             colorbar=False,
             vmin=vmin,
             vmax=vmax,
@@ -400,21 +441,21 @@ def plot_samples(
             ax,
             d,
             mask=mask,
+            mask_min_pixels=mask_min_pixels,
             extent=extent,
             xlabel=xlabel,
             ylabel="",
             colorbar=False,
-            mask_color=MASK_COLOR_DIVERGING,
+            mask_color=_MASK_COLOR_DIVERGING,
             vmin=-lim,
             vmax=lim,
-            cmap=DIVERGING_CMAP,
+            cmap=_DIVERGING_CMAP,
         )
         ax.set_title(f"sample {i} − mean", fontsize=10)
     fig.colorbar(im, ax=list(axes[len(first) :]), fraction=0.05, pad=0.02).set_label(
         _with_unit("sample − posterior mean", unit)
     )
-    if mask is not None and mask.any() and not mask.all():
-        _mask_legend(fig)
+    _mask_legend(fig, (_MASK_COLOR, _MASK_COLOR_DIVERGING))
     fig.suptitle(title)
     return save(fig, path)
 
@@ -476,24 +517,10 @@ def _method(report) -> str:
     return "geoVI" if str(report.sample_mode).startswith("nonlinear") else "MGVI"
 
 
-def method_switches(history: Sequence) -> list:
-    """Where the inference method changes between consecutive iterations of ``history``.
-
-    Parameters
-    ----------
-    history : sequence of IterationReport
-        ``state.history`` of :func:`shardvi.optimize_kl`.
-
-    Returns
-    -------
-    list of (float, str)
-        Per change, the position halfway between the two iterations' numbers
-        and a label such as ``"MGVI → geoVI"``. The method is ``MAP`` for an
-        iteration without samples, ``geoVI`` for a ``nonlinear_*`` sample mode
-        and ``MGVI`` otherwise; a change of sample mode within one method
-        (``linear_resample`` to ``linear_sample``) is not a switch.
-    """
+def _method_switches(history: Sequence) -> list:
+    """Per change of method between consecutive reports: (halfway between their iteration numbers, ``"A → B"``)."""
     out = []
+    history = list(history)
     for prev, cur in zip(history[:-1], history[1:]):
         a, b = _method(prev), _method(cur)
         if a != b:
@@ -505,8 +532,11 @@ def plot_convergence(history: Sequence, *, title: str = "convergence", path: str
     """KL energy and reduced χ² per global iteration from ``state.history``.
 
     A dashed vertical line, labelled e.g. ``"MGVI → geoVI"``, marks every
-    change of inference method between consecutive iterations (see
-    :func:`method_switches`), in both panels.
+    change of inference method between consecutive iterations, in both panels,
+    halfway between the two iterations' numbers. The method of an iteration is
+    ``MAP`` without samples, ``geoVI`` for a ``nonlinear_*`` sample mode and
+    ``MGVI`` otherwise; a change of sample mode within one method
+    (``linear_resample`` to ``linear_sample``) is not marked.
 
     Parameters
     ----------
@@ -533,16 +563,19 @@ def plot_convergence(history: Sequence, *, title: str = "convergence", path: str
     a2.axhline(1.0, color="k", lw=0.8, ls=":")
     a2.set_xlabel("iteration")
     a2.set_ylabel("reduced χ²")
-    for x, label in method_switches(history):
+    for ax in (a1, a2):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for x, label in _method_switches(history):
+        right_half = x > (min(it) + max(it)) / 2  # the label on the side with more room
         for ax in (a1, a2):
             ax.axvline(x, color="0.35", lw=1.0, ls="--")
             ax.annotate(
                 label,
                 (x, 1.0),
                 xycoords=("data", "axes fraction"),
-                xytext=(3, -3),
+                xytext=(-3 if right_half else 3, -3),
                 textcoords="offset points",
-                ha="left",
+                ha="right" if right_half else "left",
                 va="top",
                 fontsize=8,
                 color="0.25",

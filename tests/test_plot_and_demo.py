@@ -31,16 +31,40 @@ def is_png(path):
 def test_plot_functions_write_pngs(tmp_path):
     rng = np.random.default_rng(0)
     img = rng.normal(size=(16, 12))
-    plot.plot_reconstruction(img, np.abs(img) + 0.1, truth=img + 0.1, data=img, path=tmp_path / "a.png")
+    mask = np.ones((16, 12), bool)
+    mask[3:8, 4:9] = False
     plot.plot_reconstruction(
-        img[0], np.ones(12), truth=img[1], data=img[2, :5], data_coords=np.arange(5), path=tmp_path / "b.png"
+        img, np.abs(img) + 0.1, truth=img + 0.1, data=img, mask=mask, unit="K", path=tmp_path / "a.png"
     )
-    plot.plot_samples(rng.normal(size=(3, 16, 12)), path=tmp_path / "c.png")
-    plot.plot_samples(rng.normal(size=(3, 16)), truth=img[0], path=tmp_path / "d.png")
+    plot.plot_reconstruction(
+        img[0],
+        np.ones(12),
+        truth=img[1],
+        data=img[2, :5],
+        data_coords=np.arange(5),
+        mask=mask[5],
+        path=tmp_path / "b.png",
+    )
+    plot.plot_samples(rng.normal(size=(3, 16, 12)), mask=mask, extent=(0, 8, 0, 6), path=tmp_path / "c.png")
+    plot.plot_samples(rng.normal(size=(3, 16)), truth=img[:, 0], mask=mask[:, 5], path=tmp_path / "d.png")
     k = np.linspace(0, 10, 20)
     plot.plot_power_spectra(k, np.exp(-rng.random((4, 20))), truth=np.ones(20), path=tmp_path / "e.png")
     hist = [
-        IterationReport(i, "linear_resample", 2, 10.0 / i, [3], [], 2, 5, 0, 1.0 + 1 / i, 1.0, 0.1) for i in (1, 2, 3)
+        IterationReport(
+            i,
+            "linear_resample" if i < 2 else "nonlinear_resample",
+            2,
+            10.0 / i,
+            [3],
+            [],
+            2,
+            5,
+            0,
+            1.0 + 1 / i,
+            1.0,
+            0.1,
+        )
+        for i in (1, 2, 3)
     ]
     plot.plot_convergence(hist, path=tmp_path / "f.png")
     for name in "abcdef":
