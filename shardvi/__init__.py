@@ -35,6 +35,7 @@ _SUBMODULES = (
 # top-level name -> submodule that defines it (add new exports here and in the TYPE_CHECKING block)
 _EXPORTS = {
     "exceptions": ("ConvergenceWarning", "ShardviError"),
+    "parallel.memory": ("InsufficientMemoryError",),
     "minimizers": ("CGConfig", "Minimizer", "NewtonCGConfig", "OptaxConfig", "TrustRegionConfig"),
     "module": ("Module",),
     "models": (
@@ -111,6 +112,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real imports
         prior_model,
     )
     from .module import Module  # noqa: F401
+    from .parallel.memory import InsufficientMemoryError  # noqa: F401
     from .vi import (  # noqa: F401
         BlockedLikelihood,
         CheckpointError,

@@ -1,4 +1,10 @@
-"""Command-line tools: ``python -m shardvi compare ...`` and ``python -m shardvi strategies``.
+"""Command-line tools: ``python -m shardvi compare ...``, ``plan ...`` and ``strategies``.
+
+``plan`` prints :func:`shardvi.parallel.plan` for a demo problem: each
+candidate device map with its predicted memory per device and the
+recommended one::
+
+    python -m shardvi plan --demo lognormal_1d --devices 4 --npix 256 --n-samples 8
 
 ``strategies`` lists the registered device-map strategies (the names
 ``--strategy`` takes; :func:`shardvi.parallel.strategy_names`).
@@ -175,6 +181,35 @@ def _format(res: dict) -> str:
     return "\n".join(lines)
 
 
+def _plan(args) -> int:
+    """``python -m shardvi plan``: the plan of a demo problem, as a table."""
+    import jax
+
+    from .examples import build_demo
+    from .vi.planner import plan
+
+    devices = jax.devices()
+    if args.devices > len(devices):
+        print(f"error: --devices {args.devices} but only {len(devices)} device(s) exist", file=sys.stderr)
+        return 2
+    try:
+        problem = build_demo(args.demo, npix=args.npix)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    limit = None if args.memory_limit is None else int(args.memory_limit * 2**30)
+    p = plan(
+        problem.likelihood,
+        problem.position,
+        n_samples=args.n_samples,
+        devices=devices[: args.devices],
+        memory_limit=limit,
+        measure=args.measure,
+    )
+    print(p)
+    return 0
+
+
 def main(argv=None, force_cpu_devices: bool = False) -> int:
     """Run the CLI; ``force_cpu_devices`` (set by ``python -m shardvi``) forces ``--devices`` CPU devices."""
     ap = argparse.ArgumentParser(prog="python -m shardvi", description="shardvi command-line tools")
@@ -205,7 +240,19 @@ def main(argv=None, force_cpu_devices: bool = False) -> int:
     cp.add_argument("--json", action="store_true", help="print JSON instead of a table")
     cp.add_argument("--quiet", action="store_true", help="no progress on standard error")
     sub.add_parser("strategies", help="list the registered device-map strategies (--strategy NAME)")
+    pp = sub.add_parser("plan", help="print the device-map plan (memory per device of each candidate) of a demo")
+    pp.add_argument("--demo", default="lognormal_1d", help="demo problem: lognormal_1d (default) or wiener_1d")
+    pp.add_argument("--devices", type=int, default=4, help="number of devices; on CPU that many are forced (default 4)")
+    pp.add_argument("--npix", type=int, default=64, help="pixels (default 64)")
+    pp.add_argument("--n-samples", type=int, default=4, help="antithetic sample pairs per iteration (default 4)")
+    pp.add_argument("--memory-limit", type=float, default=None, help="GiB per device (default: the device's memory)")
+    pp.add_argument("--measure", action="store_true", help="also time one sampling step per candidate")
     args = ap.parse_args(argv)
+    for flag in ("devices", "npix", "n_samples"):
+        if getattr(args, flag, 1) < 1:
+            ap.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if getattr(args, "memory_limit", None) is not None and not args.memory_limit > 0:
+        ap.error(f"--memory-limit must be > 0 (GiB), got {args.memory_limit}")
     if args.command == "strategies":
         print(strategies())
         return 0
@@ -223,6 +270,8 @@ def main(argv=None, force_cpu_devices: bool = False) -> int:
     jax.config.update("jax_enable_x64", True)
     from . import parallel
 
+    if args.command == "plan":
+        return _plan(args)
     if args.strategy not in parallel.strategy_names():  # the registry is read once JAX is imported
         cp.error(
             f"argument --strategy: invalid choice: {args.strategy!r} (choose from "

@@ -29,6 +29,7 @@ from .field_arrays import field_array, process_rows
 from .grid import GridLayout, Slab
 from .jit_sharding import JitSharding
 from .lax_map import LaxMap
+from .memory import InsufficientMemoryError, memory_limit
 from .mesh import SAMPLE_AXIS, check_devices, replicated, sample_mesh, sharded
 from .pmap import Pmap
 from .reproducible import (
@@ -63,6 +64,11 @@ STRATEGY_NAMES = strategy_names()
 # the names users need; the other names imported above are the engine's own (importable, not public API)
 __all__ = [
     "CPU_COMPILER_OPTIONS",
+    "Candidate",
+    "InsufficientMemoryError",
+    "Plan",
+    "memory_limit",
+    "plan",
     "CollectiveCounts",
     "GridLayout",
     "JitSharding",
@@ -89,3 +95,12 @@ __all__ = [
     "slab_hartley",
     "strategy_names",
 ]
+
+
+def __getattr__(name: str):
+    """The planner (:mod:`shardvi.vi.planner`: it compiles the engine's steps), imported on first use."""
+    if name in ("plan", "Plan", "Candidate"):
+        from ..vi import planner
+
+        return getattr(planner, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

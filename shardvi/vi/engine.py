@@ -36,6 +36,7 @@ from .field_split import split_latent
 from .likelihood import Likelihood
 from .masks import parse_selection
 from .modes import SampleMode, SamplePlan, SampleSource, plan_samples
+from .planner import check_memory, choose_strategy
 from .precompile import Precompiler
 from .progress import Progress, check_progress, open_display
 from .reporting import format_report, sample_status, unconverged_message
@@ -136,6 +137,7 @@ class OptimizeVI:
         progress: bool | str | Progress | None = "auto",
         precompile: bool = True,
         trim_host_memory: bool = False,
+        memory_limit: int | None = None,
     ):
         check_run_arguments(
             likelihood,
@@ -159,8 +161,26 @@ class OptimizeVI:
         self._sample_mask = jtu.tree_map(lambda b: not b, parse_selection(point_estimates, domain, "point_estimates"))
         self._opt_mask = jtu.tree_map(lambda b: not b, parse_selection(constants, domain, "constants"))
         devices = check_devices(devices, "devices")  # a generator is read once, here
+        schedule = tuple(self._evaluate_settings(nit) for nit in range(self.n_total_iterations))
+        n_max = max((st[1] for st in schedule), default=0)
+        if "auto" in (sample_map, kl_map):  # the planner's choice, the same for both maps
+            chosen = choose_strategy(
+                likelihood,
+                jtu.tree_map(lambda d: jnp.zeros(d.shape, d.dtype), likelihood.domain),
+                n_samples=max(n_max, 1),
+                devices=devices,
+                mirror_samples=mirror_samples,
+                memory_limit=memory_limit,
+            )
+            sample_map = chosen if sample_map == "auto" else sample_map
+            kl_map = chosen if kl_map == "auto" else kl_map
+            devices = None
         self.sample_strategy = get_strategy(sample_map, "sample_map", devices)
         self.kl_strategy = get_strategy(kl_map, "kl_map", devices)
+        for strat in {self.sample_strategy, self.kl_strategy}:  # the samples must fit before any work
+            check_memory(
+                likelihood, n_max, strat, mirror_samples=mirror_samples, memory_limit=memory_limit, what="optimize_kl"
+            )
         self.compiler_options = check_compiler_options(compiler_options, "compiler_options")
         self.progress = check_progress(progress, "progress")
         if not isinstance(precompile, bool):
@@ -178,8 +198,7 @@ class OptimizeVI:
         self._called_steps = set()  # those whose first call has returned (dispatched)
         self._warned = set()  # stages whose unconverged solves were warned about (once per stage)
         # every setting given as a callable: called once per iteration, here, and checked before any work
-        self._schedule: tuple[IterationSettings, ...] = ()
-        self._schedule = tuple(self._evaluate_settings(nit) for nit in range(self.n_total_iterations))
+        self._schedule: tuple[IterationSettings, ...] = schedule
         if trim_host_memory:
             keep_host_memory_low()  # opt-in: freed buffers back to the system (see shardvi.host_memory)
         self._build()

@@ -43,10 +43,12 @@ from jax import tree_util as jtu
 from jax.flatten_util import ravel_pytree
 
 from ..models.model import check_latent
+from ..parallel.memory import InsufficientMemoryError, format_bytes, memory_limit
 from ..parallel.reproducible import engine_options_key, reproducible_jit
 from ..parallel.strategy import Placed, Strategy, get_strategy
 from .kl import hamiltonian, hamiltonian_metric
 from .likelihood import Likelihood
+from .planner import check_memory, choose_strategy
 from .samples import Samples
 from .settings import raw_key
 
@@ -160,6 +162,20 @@ def _n_data(lh) -> int:
         int(np.prod(d.shape)) * (2 if jnp.issubdtype(d.dtype, jnp.complexfloating) else 1)
         for d in jtu.tree_leaves(shape)
     )
+
+
+def _check_dense_fits(n: int, limit) -> None:
+    """The explicit ``n x n`` metric (float64, on the host and in the eigensolver) must fit the host memory."""
+    host_limit, source = memory_limit([jax.devices("cpu")[0]], limit)  # the metric is assembled on the host
+    need = 3 * n * n * 8  # the columns, their symmetrized copy and the eigensolver's workspace
+    if host_limit is not None and need > host_limit:
+        raise InsufficientMemoryError(
+            f"method='dense' builds the {n} x {n} metric ({format_bytes(need)} with the eigensolver's copies) but "
+            f"the host has {format_bytes(host_limit)} ({source}): use method='slq' (stochastic Lanczos) or "
+            "method='eigsh' with n_eigenvalues",
+            need,
+            host_limit,
+        )
 
 
 def _flat_metric(lik, p, v):
@@ -309,6 +325,7 @@ def estimate_evidence_lower_bound(
     sample_map: str | Strategy = "vmap",
     devices=None,
     normalized: bool = True,
+    memory_limit: int | None = None,
 ) -> EvidenceLowerBound:
     """Estimate the evidence lower bound of the approximate posterior ``samples``.
 
@@ -336,7 +353,8 @@ def estimate_evidence_lower_bound(
         space is exhausted).
     sample_map, devices
         How the per-sample energies, metric columns (``"dense"``) and SLQ
-        probes are mapped over devices, as in :func:`~shardvi.optimize_kl`.
+        probes are mapped over devices, as in :func:`~shardvi.optimize_kl`
+        (``"auto"`` included).
     normalized : bool
         Include the likelihood's normalization ``c`` (default), so that the
         value is a lower bound on ``log p(d)`` itself; ``False`` leaves it
@@ -344,6 +362,11 @@ def estimate_evidence_lower_bound(
         same data and noise). A likelihood whose normalization is unknown
         (:meth:`~shardvi.Likelihood.normalization` returns ``None``) needs
         ``normalized=False``.
+    memory_limit : int, optional
+        Bytes per device. Before any work the samples, and for
+        ``method="dense"`` the ``n x n`` metric, are held against it (default:
+        the device's memory); too large raises
+        :class:`~shardvi.parallel.memory.InsufficientMemoryError`.
 
     Returns
     -------
@@ -395,7 +418,20 @@ def estimate_evidence_lower_bound(
         raise ValueError("method='eigsh' needs n_eigenvalues (how many of the largest eigenvalues to compute)")
     if method == "eigsh" and n_eigenvalues is not None and n_eigenvalues >= n - 1:
         method = "dense"  # ARPACK needs k < n - 1; then the explicit metric is small anyway
+    if sample_map == "auto":
+        sample_map = choose_strategy(
+            lh,
+            samples.pos,
+            n_samples=max(len(samples) // 2, 1),
+            devices=devices,
+            memory_limit=memory_limit,
+            sample_mode="linear_resample",
+        )
+        devices = None
     strategy = get_strategy(sample_map, "sample_map", devices)
+    check_memory(lh, len(samples), strategy, mirror_samples=False, memory_limit=memory_limit, what="the ELBO")
+    if method == "dense":
+        _check_dense_fits(n, memory_limit)
     pos = samples.pos
 
     if method == "dense":

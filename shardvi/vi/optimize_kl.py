@@ -66,6 +66,7 @@ def optimize_kl(
     compilation_cache_dir: str | os.PathLike | None = None,
     precompile: bool = True,
     trim_host_memory: bool = False,
+    memory_limit: int | None = None,
 ) -> tuple[Samples, OptimizeVIState]:
     """Approximate the posterior with MGVI / geoVI.
 
@@ -111,7 +112,10 @@ def optimize_kl(
     sample_map : str or strategy
         How the sample solves (MGVI CG, geoVI Newton-CG) are mapped over the
         samples and devices: ``"vmap"`` (default), ``"lax_map"``,
-        ``"shard_map"``, ``"pmap"``, ``"jit"``, or a :mod:`shardvi.parallel`
+        ``"shard_map"``, ``"pmap"``, ``"jit"``, ``"auto"`` (the planner's
+        choice, :func:`shardvi.parallel.plan`: on CPU chunk 1 on all
+        ``devices``, on a GPU the largest chunk that fits; logged, and the
+        same bits as the strategy it chose), or a :mod:`shardvi.parallel`
         strategy object (guide: "Choosing a strategy").
     kl_map : str or strategy
         How the sample-averaged KL (value, gradient, metric) is mapped inside
@@ -200,6 +204,14 @@ def optimize_kl(
         changes no result. Default:
         the allocator is left as it is.
 
+    memory_limit : int, optional
+        Bytes per device the run must fit. Before any work, the samples the
+        run keeps on a device (``n_samples`` pairs of latent-sized residuals,
+        as drawn and as held for the KL step), the position and the data are
+        held against it, or by default against the device's memory (on CPU:
+        the host's available memory shared by the process's CPU devices);
+        a run that cannot fit raises
+        :class:`~shardvi.parallel.memory.InsufficientMemoryError` at once.
     Returns
     -------
     (Samples, OptimizeVIState)
@@ -229,6 +241,7 @@ def optimize_kl(
             progress=progress,
             precompile=precompile,
             trim_host_memory=trim_host_memory,
+            memory_limit=memory_limit,
         )
         samples = position if isinstance(position, Samples) else None
         pos = samples.pos if samples is not None else position

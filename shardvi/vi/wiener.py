@@ -37,6 +37,7 @@ from .blocked import BlockedLikelihood
 from .gaussian import Gaussian
 from .kl import _blocked_value_and_grad, hamiltonian, hamiltonian_metric_operator
 from .likelihood import AmendedLikelihood, Likelihood, amend_hint
+from .planner import check_memory, choose_strategy
 from .samples import Samples, interleave_pairs
 from .sampling import draw_linear_residual
 from .settings import raw_key
@@ -229,6 +230,7 @@ def wiener_filter_posterior(
     sample_map: str | Strategy = "vmap",
     devices=None,
     check_linear: bool = True,
+    memory_limit: int | None = None,
 ) -> tuple[Samples, WienerFilterInfo]:
     """Exact posterior mean and samples of a linear-Gaussian problem (the Wiener filter).
 
@@ -256,10 +258,14 @@ def wiener_filter_posterior(
         Antithetic pairs ``+r, -r`` (default) or one sample per key.
     sample_map, devices
         How the sample solves are mapped over devices, as in
-        :func:`~shardvi.optimize_kl`.
+        :func:`~shardvi.optimize_kl` (``"auto"`` included).
     check_linear : bool
         Measure the model's nonlinearity on two random latents and raise if it
         is above round-off (a nonlinear model has no Wiener filter).
+    memory_limit : int, optional
+        Bytes per device; as in :func:`~shardvi.optimize_kl`, the samples
+        must fit before any work
+        (:class:`~shardvi.parallel.memory.InsufficientMemoryError`).
 
     Returns
     -------
@@ -301,6 +307,26 @@ def wiener_filter_posterior(
     if position is None:
         position = jtu.tree_map(lambda d: jnp.zeros(d.shape, d.dtype), lh.domain)
     check_latent(position, lh.domain, "position", exact_dtype=True, hint=amend_hint(lh))
+    if sample_map == "auto":
+        sample_map = choose_strategy(
+            lh,
+            position,
+            n_samples=max(n_samples, 1),
+            devices=devices,
+            mirror_samples=mirror_samples,
+            memory_limit=memory_limit,
+            sample_mode="linear_resample",
+        )
+        devices = None
+    strategy = get_strategy(sample_map, "sample_map", devices)
+    check_memory(
+        lh,
+        n_samples,
+        strategy,
+        mirror_samples=mirror_samples,
+        memory_limit=memory_limit,
+        what="wiener_filter_posterior",
+    )
     nonlin = _nonlinearity(lh) if check_linear else float("nan")
     if check_linear and not nonlin <= _tolerance(lh):
         raise ValueError(
@@ -309,7 +335,6 @@ def wiener_filter_posterior(
             "use sv.optimize_kl for a nonlinear model (or check_linear=False if the model is linear up to "
             "its own rounding)"
         )
-    strategy = get_strategy(sample_map, "sample_map", devices)
     mean, mean_nit, mean_status = _mean_step(strategy, space, engine_options_key())(lh, position, config=cg)
     if n_samples == 0:
         residuals = jtu.tree_map(lambda p: jnp.zeros((0,) + p.shape, p.dtype), mean)
