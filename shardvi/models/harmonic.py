@@ -55,6 +55,25 @@ def _as_distances(distances, ndim: int) -> tuple[float, ...]:
     return out
 
 
+def _check_scales(shape, distances) -> None:
+    """``ValueError`` unless the cell volume, the total volume and the harmonic distances are normal floats."""
+    cell = math.prod(distances)
+    total = cell * math.prod(shape)
+    harmonic = [1.0 / (n * d) for n, d in zip(shape, distances)]
+    tiny, huge = np.finfo(np.float64).tiny, np.finfo(np.float64).max
+    bad = [
+        f"{name} {v:.3g}"
+        for name, v in (("cell volume", cell), ("total volume", total), *(("harmonic distance", h) for h in harmonic))
+        if not (tiny <= v <= huge)
+    ]
+    if bad:
+        raise ValueError(
+            f"distances {distances} on a grid of shape {shape} give {', '.join(bad)}, outside the range of float64 "
+            f"normal numbers [{tiny:.3g}, {huge:.3g}]: express the grid in units where the distances are "
+            "moderate (e.g. 1 / npix for a unit box)"
+        )
+
+
 def _sum_of_squares(idx) -> np.ndarray:
     """``sum_i idx_i**2`` of open index grids (int32 where it fits: half the memory of int64)."""
     bound = sum(int(np.max(np.abs(i))) ** 2 for i in idx)
@@ -109,6 +128,7 @@ class RegularGrid(Module):
         dist = _as_distances(self.distances, len(shape))
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "distances", dist)
+        _check_scales(shape, dist)
         # integer frequency indices make |k| bins exact (no floating-point near-duplicates); open
         # (broadcasting) index grids: the only grid-sized arrays are the key and the index
         idx = np.ix_(*[np.fft.fftfreq(n, 1.0 / n).round().astype(np.int64) for n in shape])

@@ -35,6 +35,12 @@ def normalize_domain(domain, argname: str = "domain", *, real: bool = False):
             raise TypeError(f"{argname} leaves must be jax.ShapeDtypeStruct, got {type(leaf).__name__}")
         if not jnp.issubdtype(sds.dtype, jnp.inexact):
             raise TypeError(f"{argname} leaves must have a floating dtype, got {sds.dtype}")
+        if np.dtype(sds.dtype).itemsize < (8 if jnp.issubdtype(sds.dtype, jnp.complexfloating) else 4):
+            raise TypeError(
+                f"{argname} leaves are {sds.dtype}: the solvers (CG, Newton-CG) need float32 or float64 "
+                "latents; declare the domain float32 and cast inside the model where it should compute in "
+                f"{sds.dtype}"
+            )
         if real and jnp.issubdtype(sds.dtype, jnp.complexfloating):
             raise TypeError(
                 f"{argname} leaves must be real (a latent xi ~ N(0, I)), got {sds.dtype}; model a "

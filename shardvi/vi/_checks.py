@@ -60,6 +60,13 @@ def finite_data(data, argname: str = "data"):
             raise TypeError(f"{argname} must contain numeric arrays, got {type(leaf).__name__}") from err
         if not (jnp.issubdtype(host.dtype, jnp.number)):
             raise TypeError(f"{argname} must be numeric, got dtype {host.dtype}")
+        if jnp.issubdtype(host.dtype, jnp.inexact) and host.dtype.itemsize < (
+            8 if jnp.issubdtype(host.dtype, jnp.complexfloating) else 4
+        ):
+            raise TypeError(
+                f"{argname} has dtype {host.dtype}: the likelihoods and solvers compute in float32 or float64 "
+                f"(complex64 / complex128); cast the data, e.g. {argname}.astype(np.float32)"
+            )
         if host.size == 0:
             where = "" if len(leaves) == 1 else f" leaf {i}"
             raise ValueError(

@@ -461,14 +461,29 @@ class OptimizeVI:
     def update(self, samples: Samples, state: OptimizeVIState) -> tuple[Samples, OptimizeVIState]:
         """One global iteration: draw/update samples, then minimize the KL."""
         with self._session(leave=False):
-            return self._iterate(_Handover(samples), state)
+            samples, state, line = self._iterate(_Handover(samples), state)
+            self._end_iteration(state, line)
+            return samples, state
 
-    def _iterate(self, handover: _Handover, state: OptimizeVIState) -> tuple[Samples, OptimizeVIState]:
+    def _end_iteration(self, state: OptimizeVIState, line: str) -> None:
+        """The display's end of iteration ``state.nit - 1``: after its checkpoint, so a display that raises
+        loses nothing."""
+        display = self._display
+        assert display is not None  # opened by _session
+        display.end_iteration(state.nit - 1, self.n_total_iterations, line)
+
+    def _iterate(self, handover: _Handover, state: OptimizeVIState) -> tuple[Samples, OptimizeVIState, str]:
         """:meth:`update` inside an open progress display, taking the samples out of ``handover``.
 
         Once the new samples are drawn the old ones have no reference left here: a caller that
-        kept none (:meth:`run`) frees their residuals before the KL step allocates.
+        kept none (:meth:`run`) frees their residuals before the KL step allocates. Returns the
+        iteration's log line too (the caller ends the display's iteration with it).
         """
+        if not isinstance(state, OptimizeVIState):
+            raise TypeError(f"state must be an OptimizeVIState (from init_state), got {type(state).__name__}")
+        if isinstance(state.nit, bool) or not isinstance(state.nit, (int, np.integer)) or state.nit < 0:
+            raise ValueError(f"state.nit must be an int >= 0, got {state.nit!r}")
+        state = state._replace(key=raw_key(state.key, "state.key"))  # a typed key is unwrapped, a bad one named
         samples = handover.take()
         t0 = time.perf_counter()
         nit = state.nit
@@ -507,8 +522,7 @@ class OptimizeVI:
         )
         line = format_report(report, self.n_total_iterations)
         logger.info(line)
-        display.end_iteration(nit, self.n_total_iterations, line)
-        return samples, OptimizeVIState(nit=nit + 1, key=key, history=state.history + (report,))
+        return samples, OptimizeVIState(nit=nit + 1, key=key, history=state.history + (report,)), line
 
     def run(
         self,
@@ -546,10 +560,11 @@ class OptimizeVI:
             while state.nit < self.n_total_iterations:
                 handover = _Handover(samples)  # the last iteration's residuals go once the new ones are drawn
                 del samples
-                samples, state = self._iterate(handover, state)
+                samples, state, line = self._iterate(handover, state)
                 if checkpoint_dir is not None:
                     self._stage("writing checkpoint")
                     ckpt.save_checkpoint(checkpoint_dir, samples, state, fingerprint=fingerprint)
+                self._end_iteration(state, line)
                 if callback is not None:
                     callback(samples, state)
         return samples, state
