@@ -29,8 +29,8 @@ def _optimizer(init, update):
     return sv.OptaxConfig(optax.GradientTransformation(init, update))
 
 
-class _DropsSampleAxis:
-    """Looks like a strategy (name, map, mean) but ``map`` returns the first sample only."""
+class _DropsSampleAxis(sv.parallel.Strategy):
+    """A strategy whose ``map`` returns the first sample only."""
 
     name = "drops"
 

@@ -112,3 +112,26 @@ def test_cli_prints_the_plan(capsys):
     out = capsys.readouterr().out
     assert "peak/device" in out and "* Vmap chunk 1" in out and "Vmap chunk all" in out
     assert cli(["plan", "--demo", "nope", "--devices", "1"]) == 2
+
+
+def test_auto_calls_a_schedule_once_per_iteration(problem):
+    calls = []
+
+    def n_samples(i):
+        calls.append(i)
+        return 1 + i
+
+    _, state = sv.optimize_kl(
+        problem.likelihood,
+        problem.position,
+        key=jax.random.PRNGKey(0),
+        n_total_iterations=2,
+        n_samples=n_samples,
+        sample_mode="linear_resample",
+        kl_minimization=sv.NewtonCGConfig(xtol=1e-6, maxiter=3),
+        sample_map="auto",
+        kl_map="auto",
+        devices=DEVICES,
+        progress=False,
+    )
+    assert calls == [0, 1] and [r.n_samples for r in state.history] == [1, 2]

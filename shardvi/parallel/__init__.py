@@ -22,6 +22,8 @@ model axis: sums, tables and draws that are bitwise the same on any layout,
 """
 
 # ruff: noqa: F401 -- the engine imports its helpers from here too; __all__ below is the public part
+import importlib
+
 from .._xla_flags import depth_first_cpu_schedule
 from .collectives import CollectiveCounts, collectives, count_collectives
 from .distributed import initialize_distributed, is_distributed, shutdown_distributed
@@ -99,8 +101,6 @@ __all__ = [
 
 def __getattr__(name: str):
     """The planner (:mod:`shardvi.vi.planner`: it compiles the engine's steps), imported on first use."""
-    if name in ("plan", "Plan", "Candidate"):
-        from ..vi import planner
-
-        return getattr(planner, name)
+    if name in ("plan", "Plan", "Candidate"):  # like the package's own lazy exports: imported by name
+        return getattr(importlib.import_module("shardvi.vi.planner"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

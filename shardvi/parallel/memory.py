@@ -19,7 +19,14 @@ from jax import tree_util as jtu
 
 from ..exceptions import ShardviError
 
-__all__ = ["InsufficientMemoryError", "format_bytes", "memory_limit", "resident_bytes", "tree_bytes"]
+__all__ = [
+    "InsufficientMemoryError",
+    "check_memory",
+    "format_bytes",
+    "memory_limit",
+    "resident_bytes",
+    "tree_bytes",
+]
 
 
 class InsufficientMemoryError(ShardviError, MemoryError):
@@ -90,6 +97,9 @@ def memory_limit(devices, memory_limit: int | None = None) -> tuple[int | None, 
     return None, f"{devices[0].platform} reports no memory limit"
 
 
+_device_limit = memory_limit  # for check_memory, whose argument has that name
+
+
 def tree_bytes(tree) -> int:
     """Bytes of the arrays (or ``ShapeDtypeStruct``\\ s) of ``tree``."""
     return sum(
@@ -104,3 +114,43 @@ def resident_bytes(latent_bytes: int, n_residuals: int, likelihood_bytes: int, *
     split over ``model_shards`` devices.
     """
     return int(n_residuals * latent_bytes + latent_bytes + likelihood_bytes // max(model_shards, 1))
+
+
+def check_memory(likelihood, n_samples: int, strategy, *, mirror_samples=True, memory_limit=None, what="run"):
+    """Raise :class:`InsufficientMemoryError` if the samples, position and data of a run cannot fit one device.
+
+    The fast check before any work (no compilation): ``2 n_samples``
+    residuals of the latent's size, twice (as the sampling step returns them
+    and as every device holds all of them for the KL step), the position and
+    the likelihood's arrays (split over the model shards), against
+    :func:`memory_limit`. A run that passes may still need more for its
+    temporaries (:func:`shardvi.parallel.plan` predicts those).
+    """
+    devs = getattr(strategy, "devices", None) or (jax.local_devices()[0],)
+    limit, source = _device_limit(devs, memory_limit)
+    if limit is None:
+        return
+    k = getattr(strategy, "model_shards", 1)
+    latent = tree_bytes(likelihood.domain)
+    if getattr(likelihood, "field_split", False):  # the grid leaves' rows are split over the model shards
+        latent = math.ceil(latent / k)
+    m = int(n_samples) * (2 if mirror_samples else 1)
+    data = tree_bytes([x for x in jtu.tree_leaves(likelihood) if hasattr(x, "dtype")]) // max(k, 1)
+    need = (2 * m + 2) * latent + data  # the samples twice: drawn (sharded) and placed for the KL step
+    if need <= limit:
+        return
+    per_pair = (4 if mirror_samples else 2) * latent
+    room = max((limit - data - 2 * latent) // per_pair, 0)
+    raise InsufficientMemoryError(
+        f"{what} with n_samples={n_samples} cannot fit: its samples alone need {format_bytes(need)} per device "
+        f"({m} residuals of {format_bytes(latent)} each, twice: as drawn and as held on every device for the KL "
+        "step, plus the data"
+        + (f" split over model_shards={k}" if k > 1 else "")
+        + f") but a device has {format_bytes(limit)} ({source}). The samples of at most n_samples={room} fit; "
+        "every device holds all samples, so use fewer pairs (or split a field-split latent over more "
+        "model_shards), or pass memory_limit=... (bytes per device) if the limit is wrong. "
+        "sv.parallel.plan(...) predicts the whole run's memory, temporaries of each chunk_size and model_shards "
+        "included.",
+        need,
+        limit,
+    )

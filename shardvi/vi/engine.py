@@ -18,6 +18,7 @@ from ..host_memory import keep_host_memory_low, release_host_memory
 from ..minimizers.config import CGConfig, NewtonCGConfig
 from ..minimizers.minimizer import Minimizer
 from ..parallel.grid import slab_values, unsplit
+from ..parallel.memory import check_memory
 from ..parallel.mesh import check_devices
 from ..parallel.reproducible import (
     check_compiler_options,
@@ -36,7 +37,6 @@ from .field_split import split_latent
 from .likelihood import Likelihood
 from .masks import parse_selection
 from .modes import SampleMode, SamplePlan, SampleSource, plan_samples
-from .planner import check_memory, choose_strategy
 from .precompile import Precompiler
 from .progress import Progress, check_progress, open_display
 from .reporting import format_report, sample_status, unconverged_message
@@ -163,18 +163,6 @@ class OptimizeVI:
         devices = check_devices(devices, "devices")  # a generator is read once, here
         schedule = tuple(self._evaluate_settings(nit) for nit in range(self.n_total_iterations))
         n_max = max((st[1] for st in schedule), default=0)
-        if "auto" in (sample_map, kl_map):  # the planner's choice, the same for both maps
-            chosen = choose_strategy(
-                likelihood,
-                jtu.tree_map(lambda d: jnp.zeros(d.shape, d.dtype), likelihood.domain),
-                n_samples=max(n_max, 1),
-                devices=devices,
-                mirror_samples=mirror_samples,
-                memory_limit=memory_limit,
-            )
-            sample_map = chosen if sample_map == "auto" else sample_map
-            kl_map = chosen if kl_map == "auto" else kl_map
-            devices = None
         self.sample_strategy = get_strategy(sample_map, "sample_map", devices)
         self.kl_strategy = get_strategy(kl_map, "kl_map", devices)
         for strat in {self.sample_strategy, self.kl_strategy}:  # the samples must fit before any work

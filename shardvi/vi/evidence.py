@@ -43,12 +43,12 @@ from jax import tree_util as jtu
 from jax.flatten_util import ravel_pytree
 
 from ..models.model import check_latent
-from ..parallel.memory import InsufficientMemoryError, format_bytes, memory_limit
+from ..parallel.memory import InsufficientMemoryError, check_memory, format_bytes, memory_limit
 from ..parallel.reproducible import engine_options_key, reproducible_jit
 from ..parallel.strategy import Placed, Strategy, get_strategy
 from .kl import hamiltonian, hamiltonian_metric
 from .likelihood import Likelihood
-from .planner import check_memory, choose_strategy
+from .planner import choose_strategy
 from .samples import Samples
 from .settings import raw_key
 

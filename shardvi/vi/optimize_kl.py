@@ -23,6 +23,7 @@ from .errors import (
 )
 from .likelihood import Likelihood, amend_hint
 from .modes import recorded_as
+from .planner import resolve_auto
 from .progress import Progress
 from .samples import Samples
 from .settings import (
@@ -222,6 +223,16 @@ def optimize_kl(
     cache = contextlib.nullcontext()
     if compilation_cache_dir is not None:
         cache = persistent_compilation_cache(compilation_cache_dir)  # validated (and created) on entry
+    sample_map, kl_map, devices, n_samples = resolve_auto(
+        likelihood,
+        n_total_iterations,
+        sample_map=sample_map,
+        kl_map=kl_map,
+        devices=devices,
+        n_samples=n_samples,
+        mirror_samples=mirror_samples,
+        memory_limit=memory_limit,
+    )
     with cache:
         opt = OptimizeVI(
             likelihood,

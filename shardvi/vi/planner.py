@@ -10,8 +10,8 @@ the samples that live on a device between the steps are added. The plan
 recommends one candidate (:attr:`Plan.choice`) and says why.
 
 :func:`check_memory` is the fast check every entry point runs before any
-work: the samples, position and data a run keeps on one device, against the
-device's memory.
+work (:func:`shardvi.parallel.memory.check_memory`): the samples, position
+and data a run keeps on one device, against the device's memory.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 from jax import tree_util as jtu
 
 from ..minimizers.config import CGConfig, NewtonCGConfig
-from ..parallel.memory import InsufficientMemoryError, format_bytes, memory_limit, tree_bytes
+from ..parallel.memory import format_bytes, memory_limit, tree_bytes
 from ..parallel.mesh import check_devices
 from ..parallel.shard_map import ShardMap
 from ..parallel.strategy import Strategy, place
@@ -36,7 +36,7 @@ from .likelihood import Likelihood
 from .modes import parse_sample_mode
 from .settings import DEFAULT_KL_MINIMIZATION, DEFAULT_LINEAR_SAMPLING, DEFAULT_NONLINEAR_UPDATE
 
-__all__ = ["Candidate", "Plan", "check_memory", "choose_strategy", "plan"]
+__all__ = ["Candidate", "Plan", "choose_strategy", "plan", "resolve_auto"]
 
 logger = logging.getLogger("shardvi")
 
@@ -393,41 +393,45 @@ def choose_strategy(likelihood, position, *, n_samples: int, devices=None, memor
     return strategy
 
 
-def check_memory(likelihood, n_samples: int, strategy, *, mirror_samples=True, memory_limit=None, what="run"):
-    """Raise :class:`InsufficientMemoryError` if the samples, position and data of a run cannot fit one device.
+def resolve_auto(
+    likelihood, n_total_iterations, *, sample_map, kl_map, devices, n_samples, mirror_samples=True, memory_limit=None
+):
+    """``(sample_map, kl_map, devices, n_samples)`` with ``"auto"`` replaced by :func:`choose_strategy`'s choice.
 
-    The fast check before any work (no compilation): ``2 n_samples``
-    residuals of the latent's size, twice (as the sampling step returns them
-    and as every device holds all of them for the KL step), the position and
-    the likelihood's arrays (split over the model shards), against
-    :func:`~shardvi.parallel.memory.memory_limit`. A run that passes may
-    still need more for its temporaries (see :func:`plan`).
+    The largest sample count of the run is planned for. A callable
+    ``n_samples`` is called here once per iteration and comes back as a table
+    of its values (the optimizer then never calls the user's function again).
     """
-    devs = getattr(strategy, "devices", None) or (jax.local_devices()[0],)
-    limit, source = memory_limit_of(devs, memory_limit)
-    if limit is None:
-        return
-    k = getattr(strategy, "model_shards", 1)
-    latent = _latent_bytes(likelihood)
-    if getattr(likelihood, "field_split", False):  # the grid leaves' rows are split over the model shards
-        latent = math.ceil(latent / k)
-    m = int(n_samples) * (2 if mirror_samples else 1)
-    data = tree_bytes([x for x in jtu.tree_leaves(likelihood) if hasattr(x, "dtype")]) // max(k, 1)
-    need = (2 * m + 2) * latent + data  # the samples twice: drawn (sharded) and placed for the KL step
-    if need <= limit:
-        return
-    per_pair = (4 if mirror_samples else 2) * latent
-    room = max((limit - data - 2 * latent) // per_pair, 0)
-    raise InsufficientMemoryError(
-        f"{what} with n_samples={n_samples} cannot fit: its samples alone need {format_bytes(need)} per device "
-        f"({m} residuals of {format_bytes(latent)} each, twice: as drawn and as held on every device for the KL "
-        "step, plus the data"
-        + (f" split over model_shards={k}" if k > 1 else "")
-        + f") but a device has {format_bytes(limit)} ({source}). The samples of at most n_samples={room} fit; "
-        "every device holds all samples, so use fewer pairs (or split a field-split latent over more "
-        "model_shards), or pass memory_limit=... (bytes per device) if the limit is wrong. "
-        "sv.parallel.plan(...) predicts the whole run's memory, temporaries of each chunk_size and model_shards "
-        "included.",
-        need,
-        limit,
+    if "auto" not in (sample_map, kl_map):
+        return sample_map, kl_map, devices, n_samples
+    from .settings import at_iteration
+
+    if callable(n_samples):
+        table = tuple(at_iteration(n_samples, i, "n_samples") for i in range(int(n_total_iterations)))
+        n_samples = _Table(table)
+        counts = table
+    else:
+        counts = (n_samples,)
+    n_max = max([c for c in counts if isinstance(c, (int, np.integer)) and not isinstance(c, bool)] or [1])
+    zeros = jtu.tree_map(lambda d: jnp.zeros(d.shape, d.dtype), likelihood.domain)
+    chosen = choose_strategy(
+        likelihood,
+        zeros,
+        n_samples=max(int(n_max), 1),
+        devices=devices,
+        mirror_samples=mirror_samples,
+        memory_limit=memory_limit,
     )
+    sample_map = chosen if sample_map == "auto" else sample_map
+    kl_map = chosen if kl_map == "auto" else kl_map
+    return sample_map, kl_map, None, n_samples
+
+
+class _Table:
+    """``i -> values[i]``: a schedule evaluated once."""
+
+    def __init__(self, values):
+        self.values = values
+
+    def __call__(self, i):
+        return self.values[i]

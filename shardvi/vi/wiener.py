@@ -31,13 +31,14 @@ from .. import tree_math as tm
 from ..minimizers.cg import CGConfig, conjugate_gradient
 from ..minimizers.status import Status, status_message
 from ..models.model import check_latent
+from ..parallel.memory import check_memory
 from ..parallel.reproducible import engine_options_key, reproducible_jit
 from ..parallel.strategy import Placed, Strategy, get_strategy
 from .blocked import BlockedLikelihood
 from .gaussian import Gaussian
 from .kl import _blocked_value_and_grad, hamiltonian, hamiltonian_metric_operator
 from .likelihood import AmendedLikelihood, Likelihood, amend_hint
-from .planner import check_memory, choose_strategy
+from .planner import choose_strategy
 from .samples import Samples, interleave_pairs
 from .sampling import draw_linear_residual
 from .settings import raw_key
