@@ -22,7 +22,9 @@ def problem():
 
 @pytest.fixture(scope="module")
 def four_device_plan(problem):
-    return sv.parallel.plan(problem.likelihood, problem.position, n_samples=8, devices=DEVICES)
+    return sv.parallel.plan(
+        problem.likelihood, problem.position, n_samples=8, devices=DEVICES, sample_mode="linear_resample"
+    )
 
 
 def test_plan_predicts_per_candidate_and_recommends_chunk_one_on_all_cpu_devices(four_device_plan):
@@ -31,8 +33,8 @@ def test_plan_predicts_per_candidate_and_recommends_chunk_one_on_all_cpu_devices
     assert labels[:3] == ["Vmap chunk 1", "Vmap chunk 4", "Vmap chunk all"]
     assert any(lbl.startswith("ShardMap x4") for lbl in labels)
     for c in p.candidates:
-        assert set(c.steps) == {"draw", "curve", "kl"} and all(v > 0 for v in c.steps.values())
-        assert c.peak == max(c.steps["draw"] + c.resident, c.steps["curve"], c.steps["kl"])
+        assert set(c.steps) == {"draw", "kl"} and all(v > 0 for v in c.steps.values())  # MGVI: no geoVI step
+        assert c.peak == max(c.steps["draw"] + c.resident, c.steps["kl"])
         assert c.resident == 16 * 33 * 8  # 8 pairs of 33 float64 latents
     assert p.choice == ShardMap(devices=tuple(DEVICES), chunk_size=1)
     text = str(p)
@@ -43,7 +45,7 @@ def test_larger_chunks_need_more_memory_in_the_order_of_their_temporaries(four_d
     """The predictions rank the one-device candidates as the compiled programs' temporaries do."""
     vm = [c for c in four_device_plan.candidates if c.label.startswith("Vmap")]
     by_peak = sorted(vm, key=lambda c: c.peak)
-    by_temp = sorted(vm, key=lambda c: c.temporaries["curve"])
+    by_temp = sorted(vm, key=lambda c: c.temporaries["kl"])
     assert (
         [c.label for c in by_peak] == [c.label for c in by_temp] == ["Vmap chunk 1", "Vmap chunk 4", "Vmap chunk all"]
     )

@@ -1,0 +1,139 @@
+"""How well the planner predicts memory: ``sv.parallel.plan``'s peak per device against the measured peak.
+
+    python benchmarks/bench_plan.py [--sizes 256,512] [--pairs 4] [--json out.json]
+    python benchmarks/bench_plan.py --smoke          # seconds: a 32^2 pointwise model
+
+For each size and chunk size (``Vmap`` chunk 1 and all samples at once, one
+CPU device per child process) a child builds the correlated-field problem of
+``benchmarks/_common.py``, asks the planner for its prediction, runs one
+geoVI iteration (which compiles every step), resets the kernel's peak RSS
+counter (``/proc/self/clear_refs``), runs a second iteration and reports
+
+- ``predicted``: the plan's peak per device (compiled steps' arguments,
+  outputs and temporaries, plus the samples between steps);
+- ``measured``: the peak RSS of the second iteration above the RSS before it,
+  plus the arrays the prediction counts that were already alive then (the
+  previous samples, the position and the data): the memory the iteration's
+  arrays needed, without the compiler and the runtime.
+
+The ratio ``measured / predicted`` is the number to read (target: within a
+factor of 1.5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C
+
+
+def _hwm_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def _reset_hwm() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def child(args) -> dict:
+    jax = C.setup_jax()
+    sv = C.import_shardvi()
+    problem = C.Problem((args.size, args.size), model="pointwise" if args.smoke else "cf")
+    lh = problem.shardvi_likelihood()
+    strategy = sv.parallel.Vmap(chunk_size=None if args.chunk == "all" else int(args.chunk))
+    settings = dict(
+        sample_mode="nonlinear_resample",
+        linear_sampling=sv.CGConfig(tol=1e-4, maxiter=60),
+        nonlinear_update=sv.NewtonCGConfig(xtol=1e-4, maxiter=3, cg=sv.CGConfig(tol=0.1, maxiter=30)),
+        kl_minimization=sv.NewtonCGConfig(xtol=None, absdelta=0.01, maxiter=5, cg=sv.CGConfig(tol=0.5, maxiter=30)),
+    )
+    plan = sv.parallel.plan(lh, problem.position, n_samples=args.pairs, devices=jax.devices()[:1], **settings)
+    label = "Vmap chunk " + ("all" if args.chunk == "all" else str(args.chunk))
+    cand = next(c for c in plan.candidates if c.label == label)
+    opt = sv.OptimizeVI(
+        lh, 2, n_samples=args.pairs, sample_map=strategy, kl_map=strategy, progress=False, precompile=False, **settings
+    )
+    pos = jax.tree.map(lambda x: jax.numpy.asarray(x), problem.position)
+    samples = sv.Samples(pos, jax.tree.map(lambda p: jax.numpy.zeros((0, *p.shape), p.dtype), pos))
+    state = opt.init_state(jax.random.PRNGKey(0))
+    samples, state = opt.update(samples, state)  # compiles every step
+    jax.block_until_ready(samples.residuals)
+    alive = sum(x.nbytes for x in jax.tree.leaves((samples.residuals, samples.pos, problem.data)))
+    before = C.current_rss_mib() * 2**20
+    _reset_hwm()
+    samples, state = opt.update(samples, state)
+    jax.block_until_ready(samples.residuals)
+    measured = _hwm_bytes() - before + alive
+    return dict(
+        size=args.size,
+        chunk=args.chunk,
+        pairs=args.pairs,
+        n_latent=problem.n_latent,
+        predicted=cand.peak,
+        measured=int(measured),
+        ratio=measured / cand.peak,
+        steps=cand.steps,
+    )
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="256,512")
+    ap.add_argument("--pairs", type=int, default=4)
+    ap.add_argument("--chunks", default="1,all")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--size", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--chunk", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args)))
+        return 0
+    sizes = [32] if args.smoke else [int(s) for s in args.sizes.split(",")]
+    rows = []
+    for size in sizes:
+        for chunk in args.chunks.split(","):
+            argv_child = ["--child", "--size", str(size), "--chunk", chunk, "--pairs", str(args.pairs)]
+            argv_child += ["--smoke"] if args.smoke else []
+            r = C.run_child(sys.executable, os.path.abspath(__file__), argv_child, timeout=3600)
+            if "error" in r:
+                print(f"{size}^2 chunk {chunk}: {r['error']}", file=sys.stderr)
+                continue
+            rows.append(r)
+            print(
+                f"{size}^2 chunk {chunk}: predicted {r['predicted'] / 2**20:.1f} MiB, measured "
+                f"{r['measured'] / 2**20:.1f} MiB, ratio {r['ratio']:.2f}",
+                flush=True,
+            )
+    table = C.markdown_table(
+        ["grid", "chunk", "pairs", "predicted MiB", "measured MiB", "measured / predicted"],
+        [
+            [
+                f"{r['size']}²",
+                r["chunk"],
+                r["pairs"],
+                f"{r['predicted'] / 2**20:.1f}",
+                f"{r['measured'] / 2**20:.1f}",
+                f"{r['ratio']:.2f}",
+            ]
+            for r in rows
+        ],
+    )
+    print(table)
+    if args.json:
+        C.write_json(args.json, dict(meta=C.machine_meta(), rows=rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
