@@ -17,7 +17,7 @@ DEVICES = jax.devices()[:4]
 
 @pytest.fixture(scope="module")
 def problem():
-    return build_demo("lognormal_1d", npix=32, seed=1)
+    return build_demo("wiener_1d", npix=32, seed=1)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def test_plan_predicts_per_candidate_and_recommends_chunk_one_on_all_cpu_devices
     for c in p.candidates:
         assert set(c.steps) == {"draw", "kl"} and all(v > 0 for v in c.steps.values())  # MGVI: no geoVI step
         assert c.peak == max(c.steps["draw"] + c.resident, c.steps["kl"])
-        assert c.resident == 16 * 33 * 8  # 8 pairs of 33 float64 latents
+        assert c.resident == 16 * 32 * 8  # 8 pairs of 32 float64 latents
     assert p.choice == ShardMap(devices=tuple(DEVICES), chunk_size=1)
     text = str(p)
     assert "peak/device" in text and "* ShardMap x4 chunk 1" in text and p.reason in text
@@ -110,7 +110,7 @@ def test_an_impossible_size_is_refused_in_seconds_by_every_entry_point(problem):
 
 
 def test_cli_prints_the_plan(capsys):
-    assert cli(["plan", "--devices", "1", "--npix", "8", "--n-samples", "1"]) == 0
+    assert cli(["plan", "--demo", "wiener_1d", "--devices", "1", "--npix", "8", "--n-samples", "1"]) == 0
     out = capsys.readouterr().out
     assert "peak/device" in out and "* Vmap chunk 1" in out and "Vmap chunk all" in out
     assert cli(["plan", "--demo", "nope", "--devices", "1"]) == 2
