@@ -168,6 +168,28 @@ def test_a_model_that_needs_the_whole_field_is_named_under_shard_map():
             kl_value_and_grad(st.place(lh), pos, res, st)
 
 
+@pytest.mark.parametrize("op", [lambda f: jnp.flip(f, 0), lambda f: jnp.roll(f, 1, axis=0)], ids=["flip", "roll"])
+def test_a_model_that_mixes_rows_is_refused_before_sampling(op):
+    """A flip or roll along the grid's first axis runs on each device's rows without error but computes something
+    else: refused before iteration 0 (energy and gradient on the split and on the whole field differ), with
+    what to do; a row-local model passes; check_field_split=False skips the check."""
+    model, d, std, pos = problem()
+    lh = sv.Gaussian(d, noise_std=std).amend(sv.Model(lambda xi: op(model(xi)), model.domain), field_blocks=4)
+    st = ShardMap(devices=jax.devices()[:4], model_shards=2)
+    kw = dict(key=jax.random.PRNGKey(0), n_total_iterations=1, n_samples=1, progress=False, sample_map=st, kl_map=st)
+    kw["sample_mode"] = "linear_resample"
+    with pytest.raises(ValueError, match=r"mixes rows across blocks: .*model_shards=2.*check_field_split=False"):
+        sv.optimize_kl(lh, pos, **kw)
+    row_local = sv.Gaussian(d, noise_std=std).amend(model, field_blocks=4)
+    from shardvi.vi.row_locality import check_row_local
+
+    check_row_local(row_local, st, pos)  # a row-local model passes (the same bits on both layouts)
+    opt = sv.OptimizeVI(lh, 1, n_samples=1, sample_map=st, kl_map=st, progress=False, check_field_split=False)
+    assert not opt._row_check_pending  # the opt-out: no check before the first iteration (the user's risk)
+    with pytest.raises(TypeError, match="check_field_split must be a bool"):
+        sv.OptimizeVI(lh, 1, n_samples=1, progress=False, check_field_split="no")
+
+
 def test_a_model_that_needs_the_whole_field_runs_gathered_under_jit_sharding():
     """Under ``JitSharding`` the same model (here the transposed field) is evaluated on the whole field, gathered
     on every device of the model axis, with a warning: the KL, its gradient and metric, and the pieces of a geoVI

@@ -40,6 +40,7 @@ from .modes import SampleMode, SamplePlan, SampleSource, plan_samples
 from .precompile import Precompiler
 from .progress import Progress, check_progress, open_display
 from .reporting import format_report, sample_status, unconverged_message
+from .row_locality import check_row_local
 from .samples import Samples, interleave_pairs
 from .settings import (
     DEFAULT_KL_MINIMIZATION,
@@ -82,6 +83,10 @@ class _Handover:
 
     def __init__(self, samples: Samples):
         self.samples = samples
+
+    def peek(self) -> Samples:
+        assert self.samples is not None, "handed over already"
+        return self.samples
 
     def take(self) -> Samples:
         samples, self.samples = self.samples, None
@@ -138,6 +143,7 @@ class OptimizeVI:
         precompile: bool = True,
         trim_host_memory: bool = False,
         memory_limit: int | None = None,
+        check_field_split: bool = True,
     ):
         check_run_arguments(
             likelihood,
@@ -176,6 +182,9 @@ class OptimizeVI:
         if not isinstance(trim_host_memory, bool):
             raise TypeError(f"trim_host_memory must be a bool, got {type(trim_host_memory).__name__}")
         self.trim_host_memory = trim_host_memory
+        if not isinstance(check_field_split, bool):
+            raise TypeError(f"check_field_split must be a bool, got {type(check_field_split).__name__}")
+        self._row_check_pending = check_field_split  # the model's row locality, checked before the first iteration
         # steps of coming iterations, compiled in a background thread; not with several processes, whose
         # programs and transfers must come in the same order in every process
         self._ahead = Precompiler(precompile and jax.process_count() == 1)
@@ -472,6 +481,12 @@ class OptimizeVI:
         if isinstance(state.nit, bool) or not isinstance(state.nit, (int, np.integer)) or state.nit < 0:
             raise ValueError(f"state.nit must be an int >= 0, got {state.nit!r}")
         state = state._replace(key=raw_key(state.key, "state.key"))  # a typed key is unwrapped, a bad one named
+        if self._row_check_pending:
+            self._stage("checking the model's rows")
+            check_row_local(self.likelihood, self.kl_strategy, handover.peek().pos)
+            if self.sample_strategy != self.kl_strategy:
+                check_row_local(self.likelihood, self.sample_strategy, handover.peek().pos)
+            self._row_check_pending = False
         samples = handover.take()
         t0 = time.perf_counter()
         nit = state.nit

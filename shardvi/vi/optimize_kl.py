@@ -68,6 +68,7 @@ def optimize_kl(
     precompile: bool = True,
     trim_host_memory: bool = False,
     memory_limit: int | None = None,
+    check_field_split: bool = True,
 ) -> tuple[Samples, OptimizeVIState]:
     """Approximate the posterior with MGVI / geoVI.
 
@@ -213,6 +214,16 @@ def optimize_kl(
         the host's available memory shared by the process's CPU devices);
         a run that cannot fit raises
         :class:`~shardvi.parallel.memory.InsufficientMemoryError` at once.
+    check_field_split : bool
+        For a likelihood amended with ``field_blocks`` under a strategy with
+        ``model_shards > 1``: before the first iteration, evaluate the
+        sample-averaged Hamiltonian and its gradient at a random latent on
+        the split field and on the whole field (one device) and raise a
+        ``ValueError`` if the model mixes rows across blocks (a flip, roll or
+        transpose along the grid's first axis), which would otherwise give a
+        silently wrong posterior. ``False`` skips it, for a field too large
+        to evaluate on one device: then the model must be row-local by
+        construction. Data split over processes are never checked.
     Returns
     -------
     (Samples, OptimizeVIState)
@@ -253,6 +264,7 @@ def optimize_kl(
             precompile=precompile,
             trim_host_memory=trim_host_memory,
             memory_limit=memory_limit,
+            check_field_split=check_field_split,
         )
         samples = position if isinstance(position, Samples) else None
         pos = samples.pos if samples is not None else position
