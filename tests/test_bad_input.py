@@ -384,7 +384,7 @@ CASES = [
         "draw_linear_residual likelihood type",
         lambda: sv.draw_linear_residual(lambda x: x, POS, KEY),
         TypeError,
-        "lh must be",
+        "likelihood must be",
     ),
     (
         "nonlinear update residual shape",

@@ -183,5 +183,5 @@ def test_bad_inputs(exact):
         sv.estimate_evidence_lower_bound(lh, samples.pos)
     with pytest.raises(ValueError, match="n_probes"):
         sv.estimate_evidence_lower_bound(lh, samples, method="slq", n_probes=0)
-    with pytest.raises(TypeError, match="lh"):
+    with pytest.raises(TypeError, match="likelihood must be"):
         sv.estimate_evidence_lower_bound(samples, samples)

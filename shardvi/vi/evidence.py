@@ -120,7 +120,7 @@ class EvidenceLowerBound(NamedTuple):
 
 def _check(lh, samples) -> None:
     if not isinstance(lh, Likelihood):
-        raise TypeError(f"lh must be a shardvi Likelihood, got {type(lh).__name__}")
+        raise TypeError(f"likelihood must be a shardvi Likelihood, got {type(lh).__name__}")
     if getattr(lh, "field_split", False):
         raise NotImplementedError("estimate_evidence_lower_bound does not take a field-split likelihood yet")
     if not isinstance(samples, Samples):
@@ -314,7 +314,7 @@ def _eigsh_log_det(lh, pos, strategy, k: int, n_relevant: int):
 
 
 def estimate_evidence_lower_bound(
-    lh: Likelihood,
+    likelihood: Likelihood,
     samples: Samples,
     n_eigenvalues: int | None = None,
     *,
@@ -331,7 +331,7 @@ def estimate_evidence_lower_bound(
 
     Parameters
     ----------
-    lh : Likelihood
+    likelihood : Likelihood
         On the latent space (``lh.amend(model)``), as given to
         :func:`~shardvi.optimize_kl`.
     samples : Samples
@@ -380,6 +380,7 @@ def estimate_evidence_lower_bound(
         ``normalized=True`` for a likelihood that does not know its
         normalization.
     """
+    lh = likelihood
     _check(lh, samples)
     if not isinstance(normalized, bool):
         raise TypeError(f"normalized must be a bool, got {type(normalized).__name__}")

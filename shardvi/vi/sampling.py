@@ -22,7 +22,7 @@ __all__ = ["metric_sample", "draw_linear_residual", "nonlinearly_update_residual
 def _check_inputs(lh, pos, key, config, config_type, *, residual=None, sign=None) -> None:
     """Shapes, dtypes and types of the public sampling functions' inputs (no values read: traced inputs pass)."""
     if not isinstance(lh, Likelihood):
-        raise TypeError(f"lh must be a shardvi Likelihood, got {type(lh).__name__}")
+        raise TypeError(f"likelihood must be a shardvi Likelihood, got {type(lh).__name__}")
     check_latent(pos, lh.domain, "pos", finite=False, exact_dtype=True)
     if residual is not None:
         check_latent(residual, lh.domain, "residual", finite=False, exact_dtype=True)
@@ -65,13 +65,13 @@ def metric_sample(lh: Likelihood, pos, key, sample_mask=None):
 
 
 def draw_linear_residual(
-    lh: Likelihood, pos, key, config: CGConfig = CGConfig(), *, sample_mask=None
+    likelihood: Likelihood, pos, key, config: CGConfig = CGConfig(), *, sample_mask=None
 ) -> tuple[object, CGResult]:
     """MGVI residual ``r ~ N(0, M(pos)^{-1})`` (its mirror is ``-r``).
 
     Parameters
     ----------
-    lh : Likelihood
+    likelihood : Likelihood
         Likelihood on the latent space (``lh.amend(model)``).
     pos : pytree
         Expansion point.
@@ -98,6 +98,7 @@ def draw_linear_residual(
     an energy-based stopping rule (``absdelta``) can stop a solve after a few
     iterations with ``r`` close to 0, i.e. a collapsed sample.
     """
+    lh = likelihood
     _check_inputs(lh, pos, key, config, CGConfig)
     keep = _keep(lh, sample_mask)
     # the square root and the metric at pos share the model's evaluation and linearization there (computed once,
@@ -112,7 +113,7 @@ def draw_linear_residual(
 
 
 def nonlinearly_update_residual(
-    lh: Likelihood,
+    likelihood: Likelihood,
     pos,
     residual,
     metric_sample_key,
@@ -146,10 +147,11 @@ def nonlinearly_update_residual(
     -------
     residual, Solution
     """
+    lh = likelihood
     _check_inputs(lh, pos, metric_sample_key, config, NewtonCGConfig, residual=residual, sign=metric_sample_sign)
     if not lh.has_transformation:
         raise TypeError(
-            "lh has no transformation: the geoVI update needs one (Gaussian, Poisson, StudentT, ... "
+            "likelihood has no transformation: the geoVI update needs one (Gaussian, Poisson, StudentT, ... "
             "and their amend/sum provide it)"
         )
     keep = _keep(lh, sample_mask)

@@ -94,7 +94,7 @@ class WienerFilterInfo(NamedTuple):
 
 def _check_likelihood(lh, space: str) -> None:
     if not isinstance(lh, Likelihood):
-        raise TypeError(f"lh must be a shardvi Likelihood, got {type(lh).__name__}")
+        raise TypeError(f"likelihood must be a shardvi Likelihood, got {type(lh).__name__}")
     if getattr(lh, "field_split", False):
         raise NotImplementedError(
             "wiener_filter_posterior does not take a likelihood amended with field_blocks yet: amend the Gaussian "
@@ -220,7 +220,7 @@ def _draw_step(strategy: Strategy, space: str, mirror: bool, options: tuple = ()
 
 
 def wiener_filter_posterior(
-    lh: Likelihood,
+    likelihood: Likelihood,
     position=None,
     *,
     key,
@@ -237,7 +237,7 @@ def wiener_filter_posterior(
 
     Parameters
     ----------
-    lh : Likelihood
+    likelihood : Likelihood
         ``sv.Gaussian(data, ...).amend(model)`` (optionally with
         ``data_blocks``) with ``model`` affine in the latent ``xi ~ N(0, I)``.
     position : pytree, optional
@@ -293,6 +293,7 @@ def wiener_filter_posterior(
     strategy with ``model_shards = k`` keeps each device's blocks there (the
     mean solve and the samples), bitwise the one-device result.
     """
+    lh = likelihood
     if space not in SPACES:
         raise ValueError(f"space must be one of {SPACES}, got {space!r}")
     _check_likelihood(lh, space)
