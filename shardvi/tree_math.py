@@ -37,6 +37,7 @@ __all__ = [
     "linear_adjoint",
     "linearize_with_adjoint",
     "random_like",
+    "row_normal",
 ]
 
 
@@ -194,12 +195,35 @@ def _residuals_apart(jvp_fn):
     return jtu.Partial(jvp_fn.func, *jtu.tree_unflatten(treedef, leaves), **jvp_fn.keywords)
 
 
-def random_like(key, domain):
+def row_normal(key, shape, dtype, row_offset=0):
+    """Standard-normal array of ``shape`` whose row ``i`` (axis 0) is drawn from ``fold_in(key, row_offset + i)``.
+
+    Counter-based along the first axis: the numbers of a row depend on its
+    global index only, so an array cut into blocks of rows (data blocks, a
+    grid's slabs) draws, block by block with each block's ``row_offset``,
+    the numbers of the whole array. A 0-d shape draws from ``key`` itself.
+    Complex dtypes get independent unit-variance real and imaginary parts.
+    """
+    dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        kr, ki = jax.random.split(key)
+        real = jnp.finfo(dtype).dtype
+        return (row_normal(kr, shape, real, row_offset) + 1j * row_normal(ki, shape, real, row_offset)).astype(dtype)
+    if len(shape) == 0:
+        return jax.random.normal(key, (), dtype)
+    rows = jnp.arange(shape[0], dtype=jnp.uint32) + jnp.asarray(row_offset, jnp.uint32)
+    return jax.vmap(lambda r: jax.random.normal(jax.random.fold_in(key, r), tuple(shape[1:]), dtype))(rows)
+
+
+def random_like(key, domain, row_offset=0):
     """Standard-normal pytree shaped like ``domain`` (ShapeDtypeStructs or arrays).
 
     Complex leaves get independent unit-variance real and imaginary parts, i.e.
-    unit variance w.r.t. the real inner product used throughout. A slab leaf is
-    drawn block by block (the same numbers on any number of devices).
+    unit variance w.r.t. the real inner product used throughout. Every leaf is
+    drawn row by row (:func:`row_normal`, rows counted from ``row_offset``):
+    a block of rows of a leaf, drawn with its offset, gets the whole leaf's
+    numbers there, and a slab leaf (a grid split over devices) the same
+    numbers as the whole grid.
     """
     leaves, treedef = jtu.tree_flatten(domain, is_leaf=_is_slab)
     keys = jax.random.split(key, max(len(leaves), 1))
@@ -209,12 +233,6 @@ def random_like(key, domain):
             if jnp.issubdtype(d.value.dtype, jnp.complexfloating):
                 raise TypeError("random_like: a grid split over devices must be real")
             out.append(d.normal(k))
-        elif jnp.issubdtype(d.dtype, jnp.complexfloating):
-            real = jnp.finfo(d.dtype).dtype
-            kr, ki = jax.random.split(k)
-            out.append(
-                (jax.random.normal(kr, d.shape, real) + 1j * jax.random.normal(ki, d.shape, real)).astype(d.dtype)
-            )
         else:
-            out.append(jax.random.normal(k, d.shape, d.dtype))
+            out.append(row_normal(k, d.shape, d.dtype, row_offset))
     return jtu.tree_unflatten(treedef, out)

@@ -17,8 +17,8 @@ device for every ``P`` dividing ``B``:
   transpose (the gradient with respect to the replicated array) gathers the
   per-block cotangents and adds them in block order, the same on any layout.
   :func:`take` (``table[index]`` at every pixel of a slab) is built on it;
-- :func:`normal` draws a standard-normal slab block by block, each block from
-  ``fold_in(key, block index)``.
+- :func:`normal` draws a standard-normal slab block by block, each grid row from
+  ``fold_in(key, global row index)``: the whole grid's numbers on any layout.
 
 Each is linear where it should be (JVP, transpose and batching rules), so
 ``jax.grad``, ``jax.linearize``, ``jax.linear_transpose`` and ``jax.vmap``
@@ -490,13 +490,19 @@ def take(table, index, layout: GridLayout):
 
 
 def normal(key, shape, dtype, layout: GridLayout):
-    """Standard-normal slab of local ``shape`` (grid axis 0 first), block ``b`` drawn from ``fold_in(key, b)``."""
+    """Standard-normal slab of local ``shape`` (grid axis 0 first): the whole grid's numbers on its rows.
+
+    Grid row ``g`` is drawn from ``fold_in(key, g)`` (:func:`~shardvi.tree_math.row_normal`), so the
+    slab holds the numbers the whole grid draws there, on any layout and any number of blocks.
+    """
+    from ..tree_math import row_normal
+
     layout.check_rows(shape[0])
     rows = shape[0] // layout.local_blocks
     block_shape = (rows,) + tuple(shape[1:])
 
     def one(i):  # one block per pass of a loop XLA keeps (see chunked_apply): the same program on any layout
-        return jax.random.normal(jax.random.fold_in(key, layout.block_index(i)), block_shape, dtype)
+        return row_normal(key, block_shape, dtype, layout.block_index(i) * rows)
 
     idx = jnp.arange(layout.local_blocks)
     return chunked_apply(one, (0,), (idx,), 1).reshape(shape)

@@ -6,8 +6,8 @@ engine needs on the latent space is a sum over blocks of per-block terms,
 
 - energy ``H(xi) = sum_b H_b(s_b(xi))`` and its gradient,
 - metric ``M t = sum_b J_b^T F_b J_b t``,
-- metric sample ``J^T L e1 = sum_b J_b^T L_b e1_b`` with ``e1_b`` drawn from
-  ``fold_in(key, b)`` (the block index, not the device),
+- metric sample ``J^T L e1 = sum_b J_b^T L_b e1_b`` with ``e1_b`` block ``b``'s
+  part of the unblocked draw (each datum's noise from its global index),
 - the geoVI map ``phi(r) = sum_b Jbar_b^T (x_b(pos + r) - x_b(pos))`` and its
   linearization (``x_b = T_b(s_b)``, ``Jbar_b`` its Jacobian at ``pos``),
 
@@ -232,9 +232,11 @@ class BlockedLikelihood(Likelihood):
         return lambda t: self._sum(one, xi, t)
 
     def left_sqrt_metric(self, xi, e):
-        """``sum_b J_b^T L_b e1_b`` with ``e1_b`` white noise drawn from ``fold_in(e, b)``: ``e`` is a *key*.
+        """``sum_b J_b^T L_b e1_b`` with ``e1_b`` white noise of block ``b``'s data: ``e`` is a *key*.
 
-        The data-space noise lives on the blocks, so it is drawn there, per block.
+        The data-space noise is drawn on the blocks, each datum's from its global index
+        (:func:`~shardvi.tree_math.random_like` with the block's first datum as row offset): the numbers
+        the unblocked likelihood draws, for any number of blocks.
         """
         if self._block_lsm_shape is None:
             raise NotImplementedError(
@@ -242,7 +244,7 @@ class BlockedLikelihood(Likelihood):
             )
 
         def one(blk, x, key):
-            e1 = tm.random_like(jax.random.fold_in(key, blk["index"]), self._block_lsm_shape)
+            e1 = tm.random_like(key, self._block_lsm_shape, row_offset=blk["index"] * self.block_size)
             s, vjp = jax.vjp(functools.partial(self._signal, blk), x)
             return tm.linear_adjoint(vjp)(blk["likelihood"].left_sqrt_metric(s, e1))
 
