@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 from shardvi import CorrelatedFieldMaker
 from shardvi import tree_math as tm
 from shardvi.parallel.grid import GridLayout, Slab, grid_total, grid_vdot, normal, spread, take
+from shardvi.tree_math import row_normal
 
 AX = "m"
 B = 4  # fixed blocks of the grid
@@ -80,9 +81,10 @@ def test_sums_and_draws_are_layout_free_and_right():
     tot, dot, draw = assert_same_on_all_layouts(fn, (a, b), (True, True), (False, False, True))
     np.testing.assert_allclose(tot, np.sum(a), rtol=1e-13)
     np.testing.assert_allclose(dot, np.vdot(a, b), rtol=1e-13)
-    # block b of the draw comes from fold_in(key, b)
-    blk = np.asarray(jax.random.normal(jax.random.fold_in(key, 2), (4, 6), a.dtype))
-    assert np.array_equal(draw[8:12], blk)
+    # grid row g of the draw comes from fold_in(key, g): the whole grid's numbers
+    assert np.array_equal(draw, np.asarray(row_normal(key, a.shape, a.dtype)))
+    row = np.asarray(jax.random.normal(jax.random.fold_in(key, 9), (6,), a.dtype))
+    assert np.array_equal(draw[9], row)
 
 
 def test_spread_transpose_is_the_block_order_total_and_take_grad_is_bincount():

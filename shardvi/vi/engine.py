@@ -84,10 +84,6 @@ class _Handover:
     def __init__(self, samples: Samples):
         self.samples = samples
 
-    def peek(self) -> Samples:
-        assert self.samples is not None, "handed over already"
-        return self.samples
-
     def take(self) -> Samples:
         samples, self.samples = self.samples, None
         assert samples is not None, "handed over twice"
@@ -171,7 +167,8 @@ class OptimizeVI:
         n_max = max((st[1] for st in schedule), default=0)
         self.sample_strategy = get_strategy(sample_map, "sample_map", devices)
         self.kl_strategy = get_strategy(kl_map, "kl_map", devices)
-        for strat in {self.sample_strategy, self.kl_strategy}:  # the samples must fit before any work
+        strategies = [self.sample_strategy] + ([] if self.kl_strategy == self.sample_strategy else [self.kl_strategy])
+        for strat in strategies:  # the samples must fit before any work
             check_memory(
                 likelihood, n_max, strat, mirror_samples=mirror_samples, memory_limit=memory_limit, what="optimize_kl"
             )
@@ -481,18 +478,18 @@ class OptimizeVI:
         if isinstance(state.nit, bool) or not isinstance(state.nit, (int, np.integer)) or state.nit < 0:
             raise ValueError(f"state.nit must be an int >= 0, got {state.nit!r}")
         state = state._replace(key=raw_key(state.key, "state.key"))  # a typed key is unwrapped, a bad one named
-        if self._row_check_pending:
-            self._stage("checking the model's rows")
-            check_row_local(self.likelihood, self.kl_strategy, handover.peek().pos)
-            if self.sample_strategy != self.kl_strategy:
-                check_row_local(self.likelihood, self.sample_strategy, handover.peek().pos)
-            self._row_check_pending = False
         samples = handover.take()
         t0 = time.perf_counter()
         nit = state.nit
         display = self._display
         assert display is not None  # opened by _session
         display.start_iteration(nit, self.n_total_iterations)
+        if self._row_check_pending:  # a field split over a model axis: before any sampling
+            self._row_check_pending = False
+            for strat in {id(s): s for s in (self.kl_strategy, self.sample_strategy)}.values():
+                if getattr(self.likelihood, "field_split", False) and getattr(strat, "model_shards", 1) > 1:
+                    self._stage("checking the model's rows")
+                    check_row_local(self.likelihood, strat, samples.pos)
         mode, n, lin, nonlin, klc = self._settings(nit)
         self._precompile_ahead(samples, state)
         key, k_samples = jax.random.split(state.key)
