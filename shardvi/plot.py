@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import overload
+from typing import Any, overload
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -111,6 +111,7 @@ def _outline(ax, mask, ext, color, min_pixels):
     lines = contourpy.contour_generator(z=mask.T.astype(float), line_type="Separate").lines(0.5)
     keep = []
     for xy in lines:  # columns of mask.T (= i), rows (= j)
+        xy = np.asarray(xy)
         x, y = xy[:, 0], xy[:, 1]
         area = 0.5 * abs(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1)))  # shoelace
         if area >= min_pixels:
@@ -310,6 +311,7 @@ def plot_reconstruction(
     vmin = float(np.nanmin([np.nanmin(a) for a in shared]))
     vmax = float(np.nanmax([np.nanmax(a) for a in shared]))
     for k, (ax, (name, arr)) in enumerate(zip(axes[0], panels)):
+        kw: dict[str, Any]
         if name.startswith("|mean"):
             kw, label, panel_mask = dict(vmin=0, vmax=3, cmap="magma"), name + " (clipped at 3)", None
         else:

@@ -63,14 +63,12 @@ from .vmap import Vmap
 #: strategies registered later)
 STRATEGY_NAMES = strategy_names()
 
-# the names users need; the other names imported above are the engine's own (importable, not public API)
+# the names users need; the other names imported above are the engine's own (importable, not public API);
+# plan, Plan and Candidate (the planner, shardvi.vi.planner) are public too, imported on first use (__getattr__)
 __all__ = [
     "CPU_COMPILER_OPTIONS",
-    "Candidate",
     "InsufficientMemoryError",
-    "Plan",
     "memory_limit",
-    "plan",
     "CollectiveCounts",
     "GridLayout",
     "JitSharding",

@@ -101,7 +101,7 @@ class Plan:
     n_samples: int
 
     def __str__(self):
-        rows = [("candidate", "draw", "geoVI", "KL", "samples", "peak/device", "fits", "time")]
+        rows: list[tuple[str, ...]] = [("candidate", "draw", "geoVI", "KL", "samples", "peak/device", "fits", "time")]
         for c in self.candidates:
             fits = "-" if self.limit is None else ("yes" if c.peak <= _HEADROOM * self.limit else "no")
             rows.append(
@@ -337,7 +337,7 @@ def _recommend(cands, limit, platform) -> tuple[Candidate, str]:
     if not fits:
         best = min(cands, key=lambda c: c.peak)
         return best, (
-            f"No candidate fits {format_bytes(limit)} per device: {best.label} needs the least "
+            f"No candidate fits {format_bytes(limit or 0)} per device: {best.label} needs the least "
             f"({format_bytes(best.peak)}). Use fewer sample pairs, more devices or, for a likelihood amended with "
             "data_blocks / field_blocks, more model shards."
         )
