@@ -3,10 +3,10 @@
 :func:`memory_limit` is the memory one device of a run may use: an
 accelerator's ``bytes_limit`` (``jax.Device.memory_stats()``), or on CPU the
 host memory available now (``MemAvailable`` of ``/proc/meminfo``, shared by
-the CPU devices of the process). :func:`resident_bytes` is what lives on a
-device between the engine's steps: the samples, the position and the
-likelihood's arrays. :class:`InsufficientMemoryError` is raised before any
-work when a run cannot fit.
+the CPU devices of the process). :func:`check_memory` holds what a run keeps
+on a device between the engine's steps (the samples, the position and the
+likelihood's arrays) against it and raises :class:`InsufficientMemoryError`
+before any work when the run cannot fit.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ __all__ = [
     "check_memory",
     "format_bytes",
     "memory_limit",
-    "resident_bytes",
     "tree_bytes",
 ]
 
@@ -105,15 +104,6 @@ def tree_bytes(tree) -> int:
     return sum(
         math.prod(np.shape(x)) * np.dtype(x.dtype).itemsize for x in jtu.tree_leaves(tree) if hasattr(x, "dtype")
     )
-
-
-def resident_bytes(latent_bytes: int, n_residuals: int, likelihood_bytes: int, *, model_shards: int = 1) -> int:
-    """What one device holds between steps: the residuals (replicated for the KL step), the position and the data.
-
-    ``n_residuals`` samples of ``latent_bytes`` each; the likelihood's arrays
-    split over ``model_shards`` devices.
-    """
-    return int(n_residuals * latent_bytes + latent_bytes + likelihood_bytes // max(model_shards, 1))
 
 
 def check_memory(likelihood, n_samples: int, strategy, *, mirror_samples=True, memory_limit=None, what="run"):

@@ -27,7 +27,8 @@ import numpy as np
 from jax import tree_util as jtu
 
 from ..minimizers.config import CGConfig, NewtonCGConfig
-from ..parallel.memory import format_bytes, memory_limit, tree_bytes
+from ..parallel.memory import format_bytes, tree_bytes
+from ..parallel.memory import memory_limit as device_memory_limit  # plan's argument has the function's name
 from ..parallel.mesh import check_devices
 from ..parallel.shard_map import ShardMap
 from ..parallel.strategy import Strategy, place
@@ -121,10 +122,6 @@ class Plan:
         return "\n".join([head, *lines, "", self.reason])
 
 
-def _latent_bytes(likelihood) -> int:
-    return tree_bytes(likelihood.domain)
-
-
 def _model_blocks(likelihood) -> int | None:
     """The data or field blocks a model axis can split, ``None`` for a likelihood that has none."""
     if getattr(likelihood, "blocked", False) or getattr(likelihood, "field_split", False):
@@ -204,15 +201,16 @@ def _measure_candidate(
     keys = np.zeros(key_shape, np.uint32)
     residuals = jtu.tree_map(lambda p: jax.ShapeDtypeStruct((m, *np.shape(p)), jnp.result_type(p)), pos)
     field_split = getattr(likelihood, "field_split", False)
+    # a field split's grid leaves are wrapped for the model axis: real (zero) stand-ins, placed as in a run
+    zeros = jtu.tree_map(lambda s: np.zeros(s.shape, s.dtype), residuals) if field_split else None
     steps, temps = {}, {}
     draw = opt._draw_linear.lower(opt._split(pos), keys, config=lin).compile()
     steps["draw"], temps["draw"] = _analysis(draw)
 
     if parse_sample_mode(mode).nonlinear:
         if field_split:
-            res = jtu.tree_map(lambda s: np.zeros(s.shape, s.dtype), residuals)
             low = opt._curve.lower(
-                opt._split(pos), opt._split(res), np.zeros((m, 2), np.uint32), opt._signs(n_samples), config=nonlin
+                opt._split(pos), opt._split(zeros), np.zeros((m, 2), np.uint32), opt._signs(n_samples), config=nonlin
             )
         else:
             sstrat = opt.sample_strategy
@@ -226,8 +224,7 @@ def _measure_candidate(
             )
         steps["curve"], temps["curve"] = _analysis(low.compile())
     if field_split:
-        res = jtu.tree_map(lambda s: np.zeros(s.shape, s.dtype), residuals)
-        kl = opt._minimize.lower(opt._split(pos, True), opt._split(res, True), config=klc).compile()
+        kl = opt._minimize.lower(opt._split(pos, True), opt._split(zeros, True), config=klc).compile()
     else:
         kstrat = opt.kl_strategy
         kl = opt._minimize.step.__wrapped__.lower(
@@ -303,7 +300,7 @@ def plan(
         raise TypeError("sample_mode of a plan must be a mode name (the mode whose steps are measured)")
     parse_sample_mode(sample_mode)
     devs = check_devices(devices, "devices") or tuple(jax.devices())
-    limit, source = memory_limit_of(devs, memory_limit)
+    limit, source = device_memory_limit(devs, memory_limit)
     pos = jtu.tree_map(lambda x, d: jnp.asarray(x, d.dtype), position, likelihood.domain)
     cands = []
     for strategy, label in _candidates(likelihood, devs, n_samples, mirror_samples):
@@ -324,11 +321,6 @@ def plan(
         )
     choice, reason = _recommend(cands, limit, devs[0].platform)
     return Plan(tuple(cands), choice.strategy, reason, limit, source, n_samples)
-
-
-def memory_limit_of(devices, limit):
-    """:func:`~shardvi.parallel.memory.memory_limit` (kept under this name for the planner's callers)."""
-    return memory_limit(devices, limit)
 
 
 def _recommend(cands, limit, platform) -> tuple[Candidate, str]:
