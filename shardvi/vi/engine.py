@@ -167,8 +167,11 @@ class OptimizeVI:
         n_max = max((st[1] for st in schedule), default=0)
         self.sample_strategy = get_strategy(sample_map, "sample_map", devices)
         self.kl_strategy = get_strategy(kl_map, "kl_map", devices)
-        strategies = [self.sample_strategy] + ([] if self.kl_strategy == self.sample_strategy else [self.kl_strategy])
-        for strat in strategies:  # the samples must fit before any work
+        # each distinct strategy once (the samples must fit, the model's rows are checked, per strategy)
+        self._strategies = [self.sample_strategy] + (
+            [] if self.kl_strategy == self.sample_strategy else [self.kl_strategy]
+        )
+        for strat in self._strategies:  # the samples must fit before any work
             check_memory(
                 likelihood, n_max, strat, mirror_samples=mirror_samples, memory_limit=memory_limit, what="optimize_kl"
             )
@@ -486,7 +489,7 @@ class OptimizeVI:
         display.start_iteration(nit, self.n_total_iterations)
         if self._row_check_pending:  # a field split over a model axis: before any sampling
             self._row_check_pending = False
-            for strat in {id(s): s for s in (self.kl_strategy, self.sample_strategy)}.values():
+            for strat in self._strategies:
                 if getattr(self.likelihood, "field_split", False) and getattr(strat, "model_shards", 1) > 1:
                     self._stage("checking the model's rows")
                     check_row_local(self.likelihood, strat, samples.pos)
