@@ -6,6 +6,8 @@
     .venv/bin/python benchmarks/bench_accuracy.py                        # both engines at 8/32/128 pairs
     .venv/bin/python benchmarks/bench_accuracy.py --problems funnel --pairs 32 --engines shardvi
     .venv/bin/python benchmarks/bench_accuracy.py --plot-only            # the figure from --json
+    .venv/bin/python benchmarks/bench_accuracy.py --engines shardvi --shardvi-settings defaults \
+        --json benchmarks/results/accuracy_defaults.json                 # shardvi with its default solvers
 
 On 2 cores the NUTS references take about 17 minutes (``gp_poisson`` 11 of them) and the full VI
 run about an hour, most of it ``gp_poisson`` (minutes per run: its model differentiates a
@@ -36,7 +38,8 @@ path; ``--start pos0`` starts there), ``n_samples`` antithetic pairs,
 ``--iterations`` global iterations, the first ``--linear-iterations`` of them MGVI
 (``linear_resample``) and the rest geoVI (``nonlinear_resample``) for the geoVI rows, MGVI
 throughout for the MGVI rows, and matched solver settings (as ``bench_nifty.py``; ``K`` =
-``--geovi-maxiter``, ``L`` = ``--kl-maxiter``):
+``--geovi-maxiter``, ``L`` = ``--kl-maxiter``; ``--shardvi-settings defaults`` runs shardvi
+with the library's default solvers instead and records its ``sv.ConvergenceWarning`` messages):
 
 - sampling CG: relative residual ``|r|_2 <= 1e-6 |b|_2`` (``--cg-tol``), 6 to 500 iterations
   (shardvi ``CGConfig(tol, miniter=6, maxiter=500)``, NIFTy ``cg_kwargs=dict(tol, miniter=6,
@@ -102,6 +105,7 @@ RUN_SETTINGS = (
     "seed",
     "nifty_config",
     "start",
+    "shardvi_settings",
 )
 #: NIFTy's inner-CG energy rule of its Newton-CG (``energy_reduction_factor``), given to shardvi too
 ENERGY_RULE = 0.1
@@ -233,19 +237,14 @@ def start_position(problem, args):
 
 def shardvi_run(problem, method, pairs, args):
     """shardvi's ``optimize_kl`` with the matched settings: ``(stacked samples, wall seconds, solver info)``."""
+    import warnings
+
     import jax
 
     import shardvi as sv
 
     inner = sv.CGConfig(tol=0.5, miniter=6, maxiter=200)
-    t0 = time.perf_counter()
-    samples, state = sv.optimize_kl(
-        problem.lh,
-        start_position(problem, args),
-        key=jax.random.PRNGKey(args.seed),
-        n_total_iterations=args.iterations,
-        n_samples=pairs,
-        sample_mode=_sample_mode(method, args),
+    solvers = dict(
         linear_sampling=sv.CGConfig(tol=args.cg_tol, miniter=6, maxiter=500),
         nonlinear_update=sv.NewtonCGConfig(
             xtol=0.0, maxiter=args.geovi_maxiter, cg=inner, energy_reduction_factor=ENERGY_RULE
@@ -253,9 +252,23 @@ def shardvi_run(problem, method, pairs, args):
         kl_minimization=sv.NewtonCGConfig(
             xtol=0.0, maxiter=args.kl_maxiter, cg=inner, energy_reduction_factor=ENERGY_RULE
         ),
-        progress=False,
     )
-    stacked = jax.block_until_ready(samples.samples)
+    if args.shardvi_settings == "defaults":  # the library's solver settings (what a user gets without choosing)
+        solvers = {}
+    t0 = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", sv.ConvergenceWarning)
+        samples, state = sv.optimize_kl(
+            problem.lh,
+            start_position(problem, args),
+            key=jax.random.PRNGKey(args.seed),
+            n_total_iterations=args.iterations,
+            n_samples=pairs,
+            sample_mode=_sample_mode(method, args),
+            progress=False,
+            **solvers,
+        )
+        stacked = jax.block_until_ready(samples.samples)
     wall = time.perf_counter() - t0
     last = state.history[-1]
     # the last iteration's per-sample geoVI Newton statuses (1: step cap, as xtol = 0; others: see
@@ -263,6 +276,7 @@ def shardvi_run(problem, method, pairs, args):
     info = {
         "geovi_status": [int(x) for x in (last.nonlinear_status or [])],
         "kl_status": sv.minimizers.status_message(last.kl_status),
+        "convergence_warnings": [str(w.message).split(":")[0] for w in caught if w.category is sv.ConvergenceWarning],
     }
     return stacked, wall, info
 
@@ -449,6 +463,8 @@ def child_args(args, name, method, pairs, engine):
         args.nifty_config,
         "--start",
         args.start,
+        "--shardvi-settings",
+        args.shardvi_settings,
     ]
 
 
@@ -521,6 +537,12 @@ def parse(argv=None):
         choices=("problem", "pos0"),
         default="problem",
         help="VI start: the problem's start (away from a funnel's neck) or its pos0",
+    )
+    p.add_argument(
+        "--shardvi-settings",
+        choices=("matched", "defaults"),
+        default="matched",
+        help="shardvi's solvers: the settings matched with NIFTy.re's, or the library's defaults (shardvi only)",
     )
     p.add_argument(
         "--nifty-config",
@@ -616,6 +638,7 @@ def main(argv=None):
     if args.update and os.path.exists(args.json):  # add to / replace rows of an earlier run with the same settings
         with open(args.json) as f:
             data = json.load(f)
+        data["settings"].setdefault("shardvi_settings", "matched")  # files written before the option
         if data["settings"] != settings:
             raise SystemExit(f"--update: settings differ from {args.json}'s: {data['settings']} vs {settings}")
     entry = {"command": command, "total_s": None}

@@ -195,9 +195,6 @@ class RadioProblem:
         response's ``u``, ``v``); the same numbers as :attr:`likelihood` up to the
         order of the sums over visibilities.
         """
-        n = self.data.size
-        if n % data_blocks:
-            raise ValueError(f"--data-blocks ({data_blocks}) must divide the {n} visibilities")
         call = jax.tree_util.Partial(observe_block, self.response.without_points(), self.field)
         model = sv.Model(call, self.field.domain, data_inputs=self.response.data_inputs)
         return sv.Gaussian(jnp.asarray(self.data), noise_std=self.noise_std).amend(model, data_blocks=data_blocks)

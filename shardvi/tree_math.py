@@ -13,8 +13,11 @@ results do not depend on how many devices share the grid.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import tree_util as jtu
 
 __all__ = [
@@ -195,24 +198,77 @@ def _residuals_apart(jvp_fn):
     return jtu.Partial(jvp_fn.func, *jtu.tree_unflatten(treedef, leaves), **jvp_fn.keywords)
 
 
-def row_normal(key, shape, dtype, row_offset=0):
-    """Standard-normal array of ``shape`` whose row ``i`` (axis 0) is drawn from ``fold_in(key, row_offset + i)``.
+def _wide_index(row_offset, row_size: int, shape):
+    """``(hi, lo)`` uint32 words of the flat row-major index ``(row_offset + i) * row_size + j`` over ``shape``.
 
-    Counter-based along the first axis: the numbers of a row depend on its
-    global index only, so an array cut into blocks of rows (data blocks, a
-    grid's slabs) draws, block by block with each block's ``row_offset``,
-    the numbers of the whole array. A 0-d shape draws from ``key`` itself.
-    Complex dtypes get independent unit-variance real and imaginary parts.
+    64-bit integer arithmetic in two uint32 words (the same with and without ``jax_enable_x64``).
+    """
+    if row_size >= 2**32:
+        raise ValueError(f"row_normal: rows of {row_size} entries (at most 2**32 - 1)")
+    u32 = jnp.uint32
+    o = jnp.asarray(row_offset).astype(u32)
+    # o * row_size in two words: 16-bit limbs, every partial product below 2**32
+    o_lo, o_hi = o & u32(0xFFFF), o >> u32(16)
+    r_lo, r_hi = u32(row_size & 0xFFFF), u32(row_size >> 16)
+    ll, lh, hl = o_lo * r_lo, o_lo * r_hi, o_hi * r_lo
+    mid = (ll >> u32(16)) + (lh & u32(0xFFFF)) + (hl & u32(0xFFFF))
+    base_lo = (ll & u32(0xFFFF)) | (mid << u32(16))
+    base_hi = o_hi * r_hi + (lh >> u32(16)) + (hl >> u32(16)) + (mid >> u32(16))
+    local = jax.lax.iota(u32, math.prod(shape)).reshape(shape)
+    lo = base_lo + local
+    return base_hi + (lo < local).astype(u32), lo
+
+
+def _key_words(key):
+    """The two uint32 words of a threefry key (typed or raw); another PRNG's key gives two words of its bits."""
+    data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+    if data.shape != (2,) or data.dtype != jnp.uint32:
+        data = jax.random.bits(key, (2,), jnp.uint32)
+    return data[0], data[1]
+
+
+def row_normal(key, shape, dtype, row_offset=0):
+    """Standard-normal array of ``shape``: rows ``row_offset ..`` of ``jax.random.normal(key, whole_shape)``.
+
+    Counter-based on the global flat index: entry ``(i, j...)`` is a function
+    of ``key`` and ``(row_offset + i) * prod(shape[1:]) + j`` only (threefry
+    2x32 on that counter, as JAX's partitionable threefry does), so an array
+    cut into blocks of rows (data blocks, a grid's slabs) draws, block by block
+    with each block's ``row_offset``, the numbers of the whole array; and the
+    whole array's numbers are ``jax.random.normal(key, shape, dtype)``'s under
+    JAX's default ``jax_threefry_partitionable`` (bitwise on the supported
+    versions, for real float dtypes). A 0-d shape draws one number. Complex
+    dtypes get independent unit-variance real and imaginary parts (the real
+    draws of the two halves of ``jax.random.split(key)``).
     """
     dtype = jnp.dtype(dtype)
     if jnp.issubdtype(dtype, jnp.complexfloating):
         kr, ki = jax.random.split(key)
         real = jnp.finfo(dtype).dtype
         return (row_normal(kr, shape, real, row_offset) + 1j * row_normal(ki, shape, real, row_offset)).astype(dtype)
-    if len(shape) == 0:
-        return jax.random.normal(key, (), dtype)
-    rows = jnp.arange(shape[0], dtype=jnp.uint32) + jnp.asarray(row_offset, jnp.uint32)
-    return jax.vmap(lambda r: jax.random.normal(jax.random.fold_in(key, r), tuple(shape[1:]), dtype))(rows)
+    shape = tuple(shape)
+    k1, k2 = _key_words(key)
+    hi, lo = _wide_index(row_offset, math.prod(shape[1:]), shape)
+    n = math.prod(shape)
+    from jax.extend.random import threefry_2x32
+
+    words = threefry_2x32((k1, k2), jnp.concatenate([hi.ravel(), lo.ravel()]))
+    bits1, bits2 = words[:n].reshape(shape), words[n:].reshape(shape)
+    # bits -> uniform in [nextafter(-1, 0), 1) -> normal, as jax.random.uniform / jax.random.normal
+    finfo = jnp.finfo(dtype)
+    nbits, nmant = finfo.bits, finfo.nmant
+    rng_bits = 8 if nmant < 8 else nbits
+    uint = {8: jnp.uint8, 16: jnp.uint16, 32: jnp.uint32, 64: jnp.uint64}
+    if rng_bits == 64:
+        bits = (bits1.astype(jnp.uint64) << jnp.uint64(32)) | bits2.astype(jnp.uint64)
+    else:
+        bits = (bits1 ^ bits2).astype(uint[rng_bits]).astype(uint[nbits])
+    one = jnp.asarray(np.array(1.0, dtype).view(uint[nbits]), uint[nbits])
+    floats = jax.lax.bitcast_convert_type((bits >> uint[nbits](rng_bits - nmant)) | one, dtype) - jnp.array(1.0, dtype)
+    lo_val = jnp.asarray(np.nextafter(np.array(-1.0, dtype), np.array(0.0, dtype)), dtype)
+    hi_val = jnp.asarray(1.0, dtype)
+    u = jax.lax.max(lo_val, floats * (hi_val - lo_val) + lo_val)
+    return jnp.asarray(np.sqrt(2), dtype) * jax.lax.erf_inv(u)
 
 
 def random_like(key, domain, row_offset=0):

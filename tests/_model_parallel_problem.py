@@ -87,7 +87,8 @@ def radio_problem(data_blocks=4):
     vis = np.asarray(model(model.init(jax.random.PRNGKey(2))))
     sig = 0.1 * float(np.sqrt(np.mean(np.abs(vis) ** 2)))
     d = vis + sig * (rng.normal(size=m) + 1j * rng.normal(size=m))
-    return model, sv.Gaussian(d, noise_std=sig).amend(model), sv.Gaussian(d, noise_std=sig).amend(model, data_blocks=4)
+    full = sv.Gaussian(d, noise_std=sig).amend(model)
+    return model, full, sv.Gaussian(d, noise_std=sig).amend(model, data_blocks=data_blocks)
 
 
 def run_layout(lh, pos, strategy, **kw):

@@ -116,6 +116,23 @@ def test_initialize_distributed_rejects_bad_arguments(kwargs, exc, match):
         sv.parallel.initialize_distributed(**kwargs)
 
 
+@pytest.mark.parametrize("process_id", [0, 1], ids=["coordinator-alone", "no-coordinator"])
+def test_a_process_that_never_joins_is_a_python_timeout(process_id):
+    """Process 0 with no peer, or a peer with no process 0: ``DistributedTimeoutError`` (a ``TimeoutError``)
+    after ``initialization_timeout``, before JAX's own initialization (which would end the process)."""
+    import time
+
+    address = f"127.0.0.1:{_free_port()}"
+    t0 = time.monotonic()
+    with pytest.raises(sv.parallel.DistributedTimeoutError) as info:
+        sv.parallel.initialize_distributed(address, num_processes=2, process_id=process_id, initialization_timeout=2)
+    assert isinstance(info.value, TimeoutError) and isinstance(info.value, sv.ShardviError)
+    assert 2 <= time.monotonic() - t0 < 2 + scaled(10)
+    want = "missing process ids: [1]" if process_id == 0 else "the coordinator (process 0)"
+    assert want in str(info.value) and address in str(info.value)
+    assert not sv.parallel.is_distributed()
+
+
 def test_initialize_distributed_after_jax_use_is_a_clear_error():
     jax.devices()  # this test process has long been initialized
     with pytest.raises(RuntimeError, match="before any JAX computation"):

@@ -75,6 +75,49 @@ def test_nonlinear_update_solves_geovi_equation():
     assert not np.allclose(np.asarray(r), np.asarray(r_lin), atol=1e-3)  # it really curved
 
 
+def test_a_geovi_solve_that_ends_in_a_local_minimum_is_solved_again_from_zero(monkeypatch):
+    """``noise_gauss`` (benchmarks/accuracy_problems.py, a learned noise scale) at a stored expansion point
+    and key where the Newton descent from the linear residual ends in a local minimum of ``|delta|^2/2``
+    (4.99e4) far above its value at zero (``|y|^2/2`` = 525) with the observation scale at 2.2 (the
+    position's: 0.089): the update solves once more from zero and ends below ``|y|^2/2`` at a scale near the
+    position's, counting the Newton steps of both solves. Where the first solve ends closer to the root
+    than zero is, the result is that solve's, to the bit."""
+    import os
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "benchmarks"))
+    import accuracy_problems
+
+    from shardvi.vi import sampling
+
+    problem = accuracy_problems.make("noise_gauss")
+    stored = np.load(os.path.join(root, "tests", "data", "noise_gauss_geovi_local_minimum.npz"))
+    pos = {k: jnp.asarray(stored[f"pos_{k}"]) for k in ("path", "innov", "obs")}
+    key = jnp.asarray(stored["key"])
+    config = sv.NewtonCGConfig(
+        xtol=0.0, maxiter=20, cg=sv.CGConfig(tol=0.5, miniter=6, maxiter=200), energy_reduction_factor=0.1
+    )
+    r_lin, _ = sv.draw_linear_residual(problem.lh, pos, key, sv.CGConfig(tol=1e-6, miniter=6, maxiter=500))
+    y = sv.vi.metric_sample(problem.lh, pos, key)
+    at_zero = 0.5 * float(sv.tree_math.vdot(y, y))
+
+    def update(sign):
+        r, res = sv.nonlinearly_update_residual(problem.lh, pos, sv.tree_math.scale(sign, r_lin), key, sign, config)
+        return r, res, float(problem.quantities(sv.tree_math.add(pos, r))["obs_scale"])
+
+    results = {sign: update(sign) for sign in (1.0, -1.0)}
+    _, res, scale = results[-1.0]
+    assert float(res.fun) < at_zero and 0.05 < scale < 0.2 and int(res.nit) > 20
+    # the solve from the linear residual alone (the rule switched off): the local minimum
+    monkeypatch.setattr(sampling, "_from_residual_else_zero", lambda solve, residual, y, keep: solve(residual))
+    plain = {sign: update(sign) for sign in (1.0, -1.0)}
+    assert float(plain[-1.0][1].fun) > 50 * at_zero and plain[-1.0][2] > 1.0
+    assert float(plain[1.0][1].fun) < at_zero  # the partner converges from the linear residual: the same bits
+    for a, b in zip(jax.tree.leaves(results[1.0][:2]), jax.tree.leaves(plain[1.0][:2])):
+        np.testing.assert_array_equal(a, b)
+
+
 # ---------------------------------------------------------------------------------------------------
 # the model is evaluated once per linearization point, not in every CG iteration
 # ---------------------------------------------------------------------------------------------------
@@ -133,9 +176,12 @@ def test_geovi_inner_cg_applies_only_the_linearized_map(fft_problem):
         lambda p, r, k: sv.nonlinearly_update_residual(lh, p, r, k, 1.0, sv.NewtonCGConfig(maxiter=2))
     )(pos, pos, key)
     bodies = _while_bodies(jaxpr.jaxpr)
-    newton = [n for d, n in bodies if d == 1]
-    inner = [n for d, n in bodies if d == 2]
-    assert newton == [2] and sorted(inner) == [4, 4]  # inner: the CG solve and the line search (value+grad)
+    # depth 1: at most two solves (from the linear residual, then from zero), no model evaluation of its own;
+    # depth 2: the Newton steps; depth 3: the CG solve and the line search (value + gradient)
+    assert [n for d, n in bodies if d == 1] == [0]
+    newton = [n for d, n in bodies if d == 2]
+    inner = [n for d, n in bodies if d == 3]
+    assert newton == [2] and sorted(inner) == [4, 4]
 
 
 def test_geovi_update_evaluates_the_model_three_times():
@@ -144,7 +190,9 @@ def test_geovi_update_evaluates_the_model_three_times():
     The compiled update then holds three forward passes of the model: at ``pos``
     (with ``Jbar``), in the line search (``g`` and its gradient) and per Newton
     step (the Gauss-Newton metric); counted as the model's ``exp`` in the jaxpr
-    (its derivatives reuse the forward's output); the metric sample shares the first.
+    (its derivatives reuse the forward's output); the metric sample shares the
+    first, and the second solve from zero (where the first ends in a local
+    minimum) is the same traced solve.
     """
     dom = jax.ShapeDtypeStruct((5,), jnp.float64)
     model = sv.Model(lambda xi: jnp.exp(0.3 * xi), dom)

@@ -38,9 +38,15 @@ def _close(a, b, rtol=1e-12):
 
 
 # ----------------------------------------------------------------------------- the math
-@pytest.mark.parametrize("problem", [masked_problem, radio_problem])
-def test_blocked_operators_equal_the_unblocked_ones(problem):
-    model, full, blocked = problem()
+@pytest.mark.parametrize(
+    "problem, data_blocks",
+    [(masked_problem, 4), (radio_problem, 4), (masked_problem, 7), (radio_problem, 10)],
+    ids=["masked", "radio", "masked-7-padded", "radio-10-padded"],
+)
+def test_blocked_operators_equal_the_unblocked_ones(problem, data_blocks):
+    """Any block count: where it does not divide the 96 data the padding changes no term."""
+    model, full, blocked = problem(data_blocks)
+    assert blocked.padded == (N_DATA % data_blocks != 0)
     x = jax.tree.map(lambda v: 0.5 * v, model.init(jax.random.PRNGKey(3)))
     t = model.init(jax.random.PRNGKey(4))
     r = jax.tree.map(lambda v: 0.2 * v, model.init(jax.random.PRNGKey(5)))
@@ -72,19 +78,26 @@ def test_blocked_operators_equal_the_unblocked_ones(problem):
     for name in want:
         _close(got[name], want[name])
     assert blocked.chi2_sum_dof == N_DATA
+    np.testing.assert_allclose(blocked.normalization(), full.normalization(), rtol=1e-14)
 
 
 def test_poisson_and_student_t_blocked_equal_unblocked():
-    """The other data-space likelihoods cut into blocks: energy, gradient, metric and geoVI map as unblocked."""
+    """The other data-space likelihoods cut into blocks (also padded ones: 96 data in 5 or 7 blocks, in 10 of
+    which the last holds padding only): energy, gradient, metric, metric sample and geoVI map as unblocked."""
     model, _, _ = masked_problem()
     counts = np.random.default_rng(4).poisson(2.0, N_DATA).astype(np.float64)
     d = np.asarray(model(model.init(jax.random.PRNGKey(2))))
     pairs = [
         (sv.Poisson(counts).amend(model), sv.Poisson(counts).amend(model, data_blocks=4)),
+        (sv.Poisson(counts).amend(model), sv.Poisson(counts).amend(model, data_blocks=7)),
         (sv.StudentT(d, 3.0, 0.2).amend(model), sv.StudentT(d, 3.0, 0.2).amend(model, data_blocks=2)),
+        (sv.StudentT(d, 3.0, 0.2).amend(model), sv.StudentT(d, 3.0, 0.2).amend(model, data_blocks=5)),
+        (sv.Poisson(counts).amend(model), sv.Poisson(counts).amend(model, data_blocks=10)),
     ]
+    assert [b.padded for _, b in pairs] == [False, True, False, True, True]
     x = jax.tree.map(lambda v: 0.5 * v, model.init(jax.random.PRNGKey(3)))
     t = model.init(jax.random.PRNGKey(4))
+    key = jax.random.PRNGKey(6)
 
     @jax.jit
     def both(pairs, x, t):
@@ -93,16 +106,21 @@ def test_poisson_and_student_t_blocked_equal_unblocked():
             phi = blocked.geovi_operators(x)[0]
             xbar, vjp = jax.vjp(full.transformation, x)
             want_phi = tm.linear_adjoint(vjp)(tm.sub(full.transformation(tm.add(x, t)), xbar))
+            e1 = tm.random_like(key, full.lsm_tangents_shape)
             out.append(
                 (
                     (blocked.energy_and_grad(x), blocked.metric_operator(x)(t), phi(t)),
                     ((full.energy(x), jax.grad(full.energy)(x)), full.metric_operator(x)(t), want_phi),
+                    (blocked.left_sqrt_metric(x, key), blocked.chi2_sum(x)[0]),
+                    (full.left_sqrt_metric(x, e1), jnp.sum(full.normalized_residual(x) ** 2)),
                 )
             )
         return out
 
-    for got, want in both(pairs, x, t):
+    for (full, blocked), (got, want, got2, want2) in zip(pairs, both(pairs, x, t)):
         _close(got, want)
+        _close(got2, want2)
+        np.testing.assert_allclose(blocked.normalization(), full.normalization(), rtol=1e-14)
 
 
 def test_wiener_filter_closed_form_with_blocked_data():
@@ -242,8 +260,12 @@ def test_one_gather_over_the_model_axis_per_metric_application():
 def test_bad_blocking_raises_clear_errors():
     model, _, _ = masked_problem()
     d = np.ones(N_DATA)
-    with pytest.raises(ValueError, match="data_blocks=5 does not divide the 96 data"):
-        sv.Gaussian(d, noise_std=1.0).amend(model, data_blocks=5)
+    with pytest.raises(ValueError, match="data_blocks=97 exceeds the 96 data"):
+        sv.Gaussian(d, noise_std=1.0).amend(model, data_blocks=97)
+    from shardvi.vi.blocked import assemble_process_blocks
+
+    with pytest.raises(ValueError, match="every process's data must fill its blocks"):
+        assemble_process_blocks(sv.Gaussian(d, noise_std=1.0).amend(model, data_blocks=5), ShardMap(model_shards=2))
     with pytest.raises(ValueError, match="data_blocks must be a positive int"):
         sv.Gaussian(d, noise_std=1.0).amend(model, data_blocks=0)
     with pytest.raises(ValueError, match="needs a model built with data_inputs"):

@@ -26,7 +26,7 @@ import importlib
 
 from .._xla_flags import depth_first_cpu_schedule
 from .collectives import CollectiveCounts, collectives, count_collectives
-from .distributed import initialize_distributed, is_distributed, shutdown_distributed
+from .distributed import DistributedTimeoutError, initialize_distributed, is_distributed, shutdown_distributed
 from .field_arrays import field_array, process_rows
 from .grid import GridLayout, Slab
 from .jit_sharding import JitSharding
@@ -67,6 +67,7 @@ STRATEGY_NAMES = strategy_names()
 # plan, Plan and Candidate (the planner, shardvi.vi.planner) are public too, imported on first use (__getattr__)
 __all__ = [
     "CPU_COMPILER_OPTIONS",
+    "DistributedTimeoutError",
     "InsufficientMemoryError",
     "memory_limit",
     "CollectiveCounts",

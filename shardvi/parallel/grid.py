@@ -17,8 +17,8 @@ device for every ``P`` dividing ``B``:
   transpose (the gradient with respect to the replicated array) gathers the
   per-block cotangents and adds them in block order, the same on any layout.
   :func:`take` (``table[index]`` at every pixel of a slab) is built on it;
-- :func:`normal` draws a standard-normal slab block by block, each grid row from
-  ``fold_in(key, global row index)``: the whole grid's numbers on any layout.
+- :func:`normal` draws a standard-normal slab block by block, each entry
+  counter-based on its global index: the whole grid's numbers on any layout.
 
 Each is linear where it should be (JVP, transpose and batching rules), so
 ``jax.grad``, ``jax.linearize``, ``jax.linear_transpose`` and ``jax.vmap``
@@ -492,7 +492,7 @@ def take(table, index, layout: GridLayout):
 def normal(key, shape, dtype, layout: GridLayout):
     """Standard-normal slab of local ``shape`` (grid axis 0 first): the whole grid's numbers on its rows.
 
-    Grid row ``g`` is drawn from ``fold_in(key, g)`` (:func:`~shardvi.tree_math.row_normal`), so the
+    Each entry is counter-based on its global index (:func:`~shardvi.tree_math.row_normal`), so the
     slab holds the numbers the whole grid draws there, on any layout and any number of blocks.
     """
     from ..tree_math import row_normal

@@ -1,7 +1,11 @@
 """A likelihood whose data are cut into fixed blocks: what ``amend(model, data_blocks=B)`` builds.
 
 The data axis (length ``N``) of the likelihood's arrays and of the model's
-``data_inputs`` is cut into ``B`` blocks of ``N / B`` entries. Everything the
+``data_inputs`` is cut into ``B`` blocks of ``ceil(N / B)`` entries. Where
+``B`` does not divide ``N`` the data are padded at the end with inert copies
+of the last datum: every data-space term below is masked to exactly zero on
+them (the energy is summed per datum with the padding left out), so they
+change no sum, and each real datum keeps its global index. Everything the
 engine needs on the latent space is a sum over blocks of per-block terms,
 
 - energy ``H(xi) = sum_b H_b(s_b(xi))`` and its gradient,
@@ -63,8 +67,39 @@ def _data_leaf(x, n: int, what: str):
     return x
 
 
-def _divisors(n: int) -> list:
-    return [d for d in range(1, min(n, 64) + 1) if n % d == 0]
+def _pad_rows(x, n_pad: int):
+    """``x`` with ``n_pad`` copies of its last row appended (scalars unchanged): inert padding of the data axis."""
+    if n_pad == 0 or np.ndim(x) == 0:
+        return x
+    xp = np if isinstance(x, np.ndarray) else jnp
+    return xp.concatenate([x, xp.repeat(x[-1:], n_pad, axis=0)])
+
+
+def _mask_rows(real, tree):
+    """``tree`` with the rows where ``real`` is False set to zero (each leaf's leading axis is the block's data)."""
+
+    def one(v):
+        keep = jnp.reshape(real, real.shape + (1,) * (jnp.ndim(v) - 1))
+        return jnp.where(keep, v, jnp.zeros_like(v))
+
+    return jtu.tree_map(one, tree)
+
+
+def _energy_per_datum(likelihood: Likelihood, s):
+    """``(e_1, ..., e_n)``, the energy of each datum alone (``sum_i e_i = likelihood.energy(s)``).
+
+    Every array of ``likelihood`` and of ``s`` has the data axis in front (or is a
+    scalar, shared by all data): the likelihood of one datum is evaluated per datum.
+    """
+    leaves, treedef = jtu.tree_flatten(likelihood)
+    per_datum = [np.ndim(x) > 0 for x in leaves]
+
+    def one(rows, s_row):
+        it = iter(rows)
+        lik = jtu.tree_unflatten(treedef, [next(it)[None] if p else x for x, p in zip(leaves, per_datum)])
+        return lik.energy(jtu.tree_map(lambda v: v[None], s_row))
+
+    return jax.vmap(one)([x for x, p in zip(leaves, per_datum) if p], s)
 
 
 class BlockedLikelihood(Likelihood):
@@ -82,21 +117,26 @@ class BlockedLikelihood(Likelihood):
         Built with ``data_inputs`` (length ``N``); ``model.call(xi, inputs_block)``
         gives the predictions of one block.
     data_blocks : int
-        Number of blocks ``B``, a divisor of ``N``; a strategy's
+        Number of blocks ``B`` (any; where it does not divide ``N`` the data
+        are padded with inert entries to ``B * ceil(N / B)``); a strategy's
         ``model_shards`` must divide it.
 
     Attributes
     ----------
     blocks : dict
         ``{"likelihood", "inputs", "index"}``: the likelihood's arrays and the
-        model's inputs (per datum, leading axis ``N``, or scalars), and the
-        block indices ``0..B-1``; a model-sharded strategy splits the leading
-        axis of every non-scalar leaf over its model axis (``B / k`` whole
-        blocks per device). They are held as given (no copy); the block view
-        ``(B, N / B, ...)`` is a reshape inside the programs.
+        model's inputs (per datum, leading axis ``B * block_size``, or scalars),
+        and the block indices ``0..B-1``; with padding also ``"real"``, the
+        boolean mask of the real data. A model-sharded strategy splits the
+        leading axis of every non-scalar leaf over its model axis (``B / k``
+        whole blocks per device). Without padding they are held as given (no
+        copy); the block view ``(B, block_size, ...)`` is a reshape inside the
+        programs.
     model : shardvi.Model
         The model without its ``data_inputs`` (replicated: the field's arrays).
     n_blocks, block_size, n_data : int
+        ``B``, ``ceil(N / B)`` and ``N`` (the real data; ``B * block_size - N``
+        of padding).
     data_domain : pytree of jax.ShapeDtypeStruct
         The shapes of the whole data (``likelihood.domain``).
     """
@@ -126,15 +166,13 @@ class BlockedLikelihood(Likelihood):
                 f"{[tuple(d.shape) for d in jtu.tree_leaves(likelihood.domain)]}: the leading axis of every "
                 f"data array must be the data axis of data_inputs"
             )
-        if n % data_blocks:
-            raise ValueError(
-                f"data_blocks={data_blocks} does not divide the {n} data: use a divisor of {n} "
-                f"(e.g. {_divisors(n)[-4:]}) or pad the data to a multiple of data_blocks"
-            )
+        if data_blocks > n:
+            raise ValueError(f"data_blocks={data_blocks} exceeds the {n} data: at most one block per datum")
         _check_model_matches_data(model, likelihood)
-        size = n // data_blocks
-        inputs = jtu.tree_map(lambda x: _data_leaf(x, n, "data_inputs"), model.data_inputs)
-        blocked = jtu.tree_map(lambda x: _data_leaf(x, n, type(likelihood).__name__), likelihood)
+        size = -(-n // data_blocks)
+        n_pad = size * data_blocks - n
+        inputs = jtu.tree_map(lambda x: _pad_rows(_data_leaf(x, n, "data_inputs"), n_pad), model.data_inputs)
+        blocked = jtu.tree_map(lambda x: _pad_rows(_data_leaf(x, n, type(likelihood).__name__), n_pad), likelihood)
         core = model._replaced(data_inputs=None)
         block_in = jtu.tree_map(lambda x: jax.ShapeDtypeStruct((size,) + np.shape(x)[1:], x.dtype), inputs)
         try:
@@ -156,6 +194,8 @@ class BlockedLikelihood(Likelihood):
                 f"the likelihood's metric square root acts on shapes {lsm}, not per datum: it cannot be blocked"
             )
         self.blocks = {"likelihood": blocked, "inputs": inputs, "index": np.arange(data_blocks, dtype=np.int32)}
+        if n_pad:
+            self.blocks["real"] = np.arange(size * data_blocks) < n
         self.model = core
         self.n_blocks = data_blocks
         self.block_size = size
@@ -177,10 +217,16 @@ class BlockedLikelihood(Likelihood):
         self._likelihood_type = type(likelihood).__name__
 
     def __repr__(self):
+        pad = self.n_blocks * self.block_size - self.n_data
         return (
             f"BlockedLikelihood({self._likelihood_type}, {self.n_data} data in {self.n_blocks} blocks of "
-            f"{self.block_size}, model={self.model!r})"
+            f"{self.block_size}{f' ({pad} padding)' if pad else ''}, model={self.model!r})"
         )
+
+    @property
+    def padded(self) -> bool:
+        """Whether the blocks end with inert padding (``data_blocks`` does not divide the data)."""
+        return "real" in self.blocks
 
     # -- per block -----------------------------------------------------------------------------
     def _signal(self, blk, xi):
@@ -207,19 +253,35 @@ class BlockedLikelihood(Likelihood):
     def _sum(self, fn, *broadcast):
         return block_sum(fn, self._local_blocks(), *broadcast)
 
+    @staticmethod
+    def _real(blk, tree):
+        """``tree`` (the block's data-space vectors) with its padding zeroed; unchanged without padding."""
+        return _mask_rows(blk["real"], tree) if "real" in blk else tree
+
+    @staticmethod
+    def _block_energy(blk, s):
+        """``H_b(s_b)``, the energy of block ``b``'s real data."""
+        if "real" not in blk:
+            return blk["likelihood"].energy(s)
+        terms = _energy_per_datum(blk["likelihood"], s)
+        return jnp.sum(jnp.where(blk["real"], terms, jnp.zeros_like(terms)))
+
     # -- the operators -------------------------------------------------------------------------
     def normalization(self) -> float | None:
-        """The data likelihood's (its leaves cut into blocks hold the same data)."""
-        return self.blocks["likelihood"].normalization()
+        """The data likelihood's (its leaves cut into blocks hold the same data; the padding left out)."""
+        lik = self.blocks["likelihood"]
+        if self.padded:
+            lik = jtu.tree_map(lambda x: x if np.ndim(x) == 0 else x[: self.n_data], lik)
+        return lik.normalization()
 
     def energy(self, xi):
         """``sum_b H_b(s_b(xi))``."""
-        return self._sum(lambda blk, x: blk["likelihood"].energy(self._signal(blk, x)), xi)
+        return self._sum(lambda blk, x: self._block_energy(blk, self._signal(blk, x)), xi)
 
     def energy_and_grad(self, xi):
         """``(H(xi), grad H(xi))``, each a sum over blocks (one reduction for both)."""
         return self._sum(
-            lambda blk, x: jax.value_and_grad(lambda y: blk["likelihood"].energy(self._signal(blk, y)))(x), xi
+            lambda blk, x: jax.value_and_grad(lambda y: self._block_energy(blk, self._signal(blk, y)))(x), xi
         )
 
     def metric_operator(self, xi):
@@ -227,7 +289,7 @@ class BlockedLikelihood(Likelihood):
 
         def one(blk, x, t):
             s, jvp, adj = tm.linearize_with_adjoint(functools.partial(self._signal, blk), x)
-            return adj(blk["likelihood"].metric_operator(s)(jvp(t)))
+            return adj(self._real(blk, blk["likelihood"].metric_operator(s)(jvp(t))))
 
         return lambda t: self._sum(one, xi, t)
 
@@ -246,7 +308,7 @@ class BlockedLikelihood(Likelihood):
         def one(blk, x, key):
             e1 = tm.random_like(key, self._block_lsm_shape, row_offset=blk["index"] * self.block_size)
             s, vjp = jax.vjp(functools.partial(self._signal, blk), x)
-            return tm.linear_adjoint(vjp)(blk["likelihood"].left_sqrt_metric(s, e1))
+            return tm.linear_adjoint(vjp)(self._real(blk, blk["likelihood"].left_sqrt_metric(s, e1)))
 
         return self._sum(one, xi, e)
 
@@ -268,19 +330,19 @@ class BlockedLikelihood(Likelihood):
         def phi(blk, p, r):
             xb = self._x_at(blk, p)
             x_bar, vjp = jax.vjp(xb, p)
-            return tm.linear_adjoint(vjp)(tm.sub(xb(tm.add(p, r)), x_bar))
+            return tm.linear_adjoint(vjp)(self._real(blk, tm.sub(xb(tm.add(p, r)), x_bar)))
 
         def phi_jvp(blk, p, r, v):
             xb = self._x_at(blk, p)
             _, jv = jax.jvp(xb, (tm.add(p, r),), (v,))
             _, vjp = jax.vjp(xb, p)
-            return tm.linear_adjoint(vjp)(jv)
+            return tm.linear_adjoint(vjp)(self._real(blk, jv))
 
         def phi_vjp(blk, p, r, w):
             xb = self._x_at(blk, p)
             _, jw = jax.jvp(xb, (p,), (w,))
             _, vjp = jax.vjp(xb, tm.add(p, r))
-            return tm.linear_adjoint(vjp)(jw)
+            return tm.linear_adjoint(vjp)(self._real(blk, jw))
 
         return (
             lambda r: self._sum(phi, pos, r),
@@ -303,7 +365,7 @@ class BlockedLikelihood(Likelihood):
         """``(sum |r|^2 per real degree of freedom, dof)`` of the normalized residual, summed over blocks."""
 
         def one(blk, x):
-            r = blk["likelihood"].normalized_residual(self._signal(blk, x))
+            r = self._real(blk, blk["likelihood"].normalized_residual(self._signal(blk, x)))
             return sum(jnp.sum(jnp.abs(v) ** 2) / _real_dof(v) for v in jtu.tree_leaves(r))
 
         return self._sum(one, xi), self.chi2_sum_dof
@@ -369,6 +431,12 @@ def assemble_process_blocks(local: BlockedLikelihood, strategy) -> BlockedLikeli
 
     if not isinstance(local, BlockedLikelihood):
         raise TypeError(f"local must be a BlockedLikelihood (amend(..., data_blocks=...)), got {type(local).__name__}")
+    if local.padded:
+        raise ValueError(
+            f"local holds {local.n_data} data in {local.n_blocks} blocks of {local.block_size} (with padding): "
+            "across processes every process's data must fill its blocks (choose each process's data_blocks "
+            "dividing its number of data)"
+        )
     k = getattr(strategy, "model_shards", 1)
     mesh = strategy.mesh
     if k == 1 or MODEL_AXIS not in mesh.axis_names:

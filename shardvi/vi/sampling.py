@@ -5,7 +5,9 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import tree_util as jtu
 
 from .. import tree_math as tm
 from ..minimizers.cg import CGResult, conjugate_gradient
@@ -134,8 +136,15 @@ def nonlinearly_update_residual(
     which this step then applies). The root of
     ``delta(r) = g(pos + r) - g(pos) - sign*y`` is found by Newton-CG on
     ``|delta|^2 / 2`` with the Gauss-Newton Hessian ``J_g^T J_g``, starting
-    from ``residual``. For a linear model the linear
-    residual is already the root.
+    from ``residual`` (the linear residual, the root of the linearized map;
+    for a linear model already the root). Where that solve ends farther from
+    the root than zero is (``|delta| > |delta(0)| = |y|``, or not finite),
+    it is solved once more from zero, and that solution is returned (with
+    the iterations of both): where the coordinates curve strongly within a
+    sample's reach (a noise scale learned far below the current one), the
+    descent from the linear residual can end in a local minimum of
+    ``|delta|`` that is no root. Elsewhere the result is that of the solve
+    from ``residual``, to the bit.
 
     ``config.xtol`` bounds the remaining Newton step ``J_g^-1 delta``: the inner
     CG's residual ``r`` enters as ``|r| / c`` with ``c = 1``, the smallest
@@ -185,10 +194,37 @@ def nonlinearly_update_residual(
 
     # J_g^T J_g is positive semi-definite by construction (min_curvature=0: no gradient fallback); at r = 0 it is
     # Mbar^2 >= I, the curvature floor that bounds what an inner CG stopped early leaves of the Newton step
-    res = newton_cg(
-        fun_and_grad, hessp, project(keep, residual), config, hessp_at=hessp_at, min_curvature=0.0, xtol_curvature=1.0
-    )
+    def solve(start):
+        return newton_cg(fun_and_grad, hessp, start, config, hessp_at=hessp_at, min_curvature=0.0, xtol_curvature=1.0)
+
+    res = _from_residual_else_zero(solve, project(keep, residual), y, keep)
     return res.x, res
+
+
+def _from_residual_else_zero(solve, residual, y, keep) -> Solution:
+    """``solve(residual)``; where it ends with ``|delta|^2 / 2 > |y|^2 / 2`` (zero's value) or not finite, ``solve(0)``.
+
+    One while loop of at most two passes over one traced solve: a batch (``vmap``) runs the second pass
+    only if one of its samples needs it, and a sample that does not keeps the bits of its first pass.
+    The returned counts (``nit``, ``ncg``, ``nfev``) are those of both passes.
+    """
+    d0 = project(keep, y)
+    at_zero = 0.5 * tm.vdot(d0, d0)
+    zero = tm.zeros_like(residual)
+
+    def again(state):
+        attempt, sol = state
+        return (attempt == 0) | ((attempt == 1) & ~(sol.fun <= at_zero))
+
+    def attempt(state):
+        k, prev = state
+        sol = solve(tm.where(k == 0, residual, zero))
+        sol = sol._replace(nit=sol.nit + prev.nit, ncg=sol.ncg + prev.ncg, nfev=sol.nfev + prev.nfev)
+        return k + 1, jtu.tree_map(lambda v, p: jax.lax.convert_element_type(v, p.dtype), sol, prev)
+
+    count = jnp.zeros((), jnp.int32)  # the solvers' counters and status are int32 scalars
+    init = Solution(zero, jnp.zeros((), at_zero.dtype), zero, count, count, count, count)
+    return jax.lax.while_loop(again, attempt, (jnp.int32(0), init))[1]
 
 
 def _blocked_update(lh, pos, residual, key, sign, config, keep):
@@ -221,5 +257,8 @@ def _blocked_update(lh, pos, residual, key, sign, config, keep):
     def hessp(r, v):
         return jac_t(r, jac(r, v))
 
-    res = newton_cg(fun_and_grad, hessp, project(keep, residual), config, min_curvature=0.0, xtol_curvature=1.0)
+    def solve(start):
+        return newton_cg(fun_and_grad, hessp, start, config, min_curvature=0.0, xtol_curvature=1.0)
+
+    res = _from_residual_else_zero(solve, project(keep, residual), y, keep)
     return res.x, res
