@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
+from jax.extend.random import threefry_2x32
 
 __all__ = [
     "add",
@@ -250,8 +251,6 @@ def row_normal(key, shape, dtype, row_offset=0):
     k1, k2 = _key_words(key)
     hi, lo = _wide_index(row_offset, math.prod(shape[1:]), shape)
     n = math.prod(shape)
-    from jax.extend.random import threefry_2x32
-
     words = threefry_2x32((k1, k2), jnp.concatenate([hi.ravel(), lo.ravel()]))
     bits1, bits2 = words[:n].reshape(shape), words[n:].reshape(shape)
     # bits -> uniform in [nextafter(-1, 0), 1) -> normal, as jax.random.uniform / jax.random.normal

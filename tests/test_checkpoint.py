@@ -69,6 +69,28 @@ def test_resume_is_bitwise_equal(tmp_path):
     assert [r.kl_energy for r in st_straight.history] == [r.kl_energy for r in st_resumed.history]
 
 
+def test_processes_resuming_at_different_iterations_are_refused(tmp_path, monkeypatch):
+    """Multi-process: each process resumes its own checkpoint; one an iteration behind the others (killed
+    while they wrote) is a CheckpointError on every process before any work (here the other process's
+    iteration is what the all-gather returns)."""
+    from jax.experimental import multihost_utils
+
+    lh = make_lh()
+    d = str(tmp_path / "ck")
+    sv.optimize_kl(lh, pos0(), key=jax.random.PRNGKey(9), n_total_iterations=1, checkpoint_dir=d, **KW)
+    gathered = []
+
+    def allgather(x):
+        gathered.append(int(x))
+        return np.stack([np.asarray(x), np.zeros_like(np.asarray(x))])  # process 1 starts at iteration 0
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(multihost_utils, "process_allgather", allgather)
+    with pytest.raises(sv.CheckpointError, match=r"different iterations \[1, 0\]"):
+        sv.optimize_kl(lh, pos0(), key=jax.random.PRNGKey(9), n_total_iterations=2, checkpoint_dir=d, resume=True, **KW)
+    assert gathered == [1]
+
+
 @pytest.mark.slow
 def test_resume_from_a_path(tmp_path):
     """resume='dir' (NIFTy.re's spelling): into another checkpoint_dir, the source untouched; or in place."""

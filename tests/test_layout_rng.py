@@ -67,29 +67,19 @@ def test_row_normal_is_jax_random_normal_of_the_whole_array_on_any_cut_into_bloc
     assert np.iscomplexobj(c) and abs(np.std(np.asarray(c).real) - 1) < 1
 
 
-@pytest.mark.parametrize("layout", [(4, 1), (2, 2)], ids=["4x1", "2x2"])
-def test_data_blocks_agree_with_the_unsplit_run(layout):
+def _gaussian_data_problem():
+    """24 data of an exp-linked linear model, Gaussian noise: ``(whole likelihood, blocked model, start)``."""
     rng = np.random.default_rng(0)
     r = rng.normal(size=(24, 10)) / 3
     dom = jax.ShapeDtypeStruct((10,), jnp.float64)
     d = np.exp(r @ rng.normal(size=10)) + 0.3 * rng.normal(size=24)
     whole = sv.Gaussian(d, noise_std=0.3).amend(sv.Model(lambda x: jnp.exp(jnp.asarray(r) @ x), dom))
     model = sv.Model(lambda x, inp: jnp.exp(inp["row"] @ x), dom, data_inputs={"row": r})
-    ref = _run(whole, jnp.zeros(10))
-    rows, k = layout
-    cls = ShardMap if k == 2 else JitSharding
-    got = _run(
-        sv.Gaussian(d, noise_std=0.3).amend(model, data_blocks=6 if k == 2 else 4),
-        jnp.zeros(10),
-        cls(devices=jax.devices()[: rows * k], model_shards=k),
-    )
-    assert _sigma_distance(lambda x: x, got, ref) <= 1e-6
+    return whole, lambda blocks: sv.Gaussian(d, noise_std=0.3).amend(model, data_blocks=blocks), jnp.zeros(10)
 
 
-def test_data_blocks_that_do_not_divide_the_data_agree_with_the_unsplit_run():
-    """26 data in 6 blocks of 5 (4 padding) under ShardMap on a 2x2 mesh: the padding is inert, the noise is the
-    unsplit run's; a variable-covariance likelihood (the noise scale learned), MGVI then geoVI. (Other layouts
-    of the same blocks give the same bits: tests/test_model_parallel.py.)"""
+def _noise_learning_problem():
+    """26 data, the noise scale learned (``VariableCovarianceGaussian``): ``(whole, blocked model, start)``."""
     rng = np.random.default_rng(1)
     r = rng.normal(size=(26, 6)) / 3
     dom = {"x": jax.ShapeDtypeStruct((6,), jnp.float64), "s": jax.ShapeDtypeStruct((), jnp.float64)}
@@ -100,12 +90,31 @@ def test_data_blocks_that_do_not_divide_the_data_agree_with_the_unsplit_run():
     d = np.exp(r @ rng.normal(size=6)) + 0.3 * rng.normal(size=26)
     whole = sv.VariableCovarianceGaussian(d).amend(sv.Model(lambda x: signal(x, jnp.asarray(r)), dom))
     model = sv.Model(lambda x, inp: signal(x, inp["row"]), dom, data_inputs={"row": r})
-    pos = {"x": jnp.zeros(6), "s": jnp.zeros(())}
+    start = {"x": jnp.zeros(6), "s": jnp.zeros(())}
+    return whole, lambda blocks: sv.VariableCovarianceGaussian(d).amend(model, data_blocks=blocks), start
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["1x4-jit", "2x2-shard_map-padded"],
+)
+def test_data_blocks_agree_with_the_unsplit_run(case):
+    """MGVI then geoVI, 3 iterations, against the unsplit run: 24 data in 4 blocks, each on its own device of a
+    1x4 JitSharding mesh; 26 data with the noise scale learned in 6 blocks of 5 (4 of them inert padding),
+    ShardMap on 2x2. The blocks draw the unsplit run's noise; other layouts of the same blocks give the same bits
+    (tests/test_model_parallel.py)."""
+    if case == "1x4-jit":
+        whole, blocked, pos = _gaussian_data_problem()
+        lh, strategy = blocked(4), JitSharding(devices=jax.devices()[:4], model_shards=4)
+        signal = lambda x: x  # noqa: E731
+    else:
+        whole, blocked, pos = _noise_learning_problem()
+        lh, strategy = blocked(6), ShardMap(devices=jax.devices()[:4], model_shards=2)
+        assert lh.padded and lh.n_data == 26 and lh.block_size == 5
+        signal = lambda x: jnp.append(x["x"], x["s"])  # noqa: E731
     ref = _run(whole, pos)
-    blocked = sv.VariableCovarianceGaussian(d).amend(model, data_blocks=6)
-    assert blocked.padded and blocked.n_data == 26 and blocked.block_size == 5
-    got = _run(blocked, pos, ShardMap(devices=jax.devices()[:4], model_shards=2))
-    assert _sigma_distance(lambda x: jnp.append(x["x"], x["s"]), got, ref) <= 1e-6
+    got = _run(lh, pos, strategy)
+    assert _sigma_distance(signal, got, ref) <= 1e-6
 
 
 def test_field_blocks_agree_with_the_unsplit_run():

@@ -8,7 +8,9 @@ import logging
 import os
 from collections.abc import Callable
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import tree_util as jtu
 
 from ..compile_cache import persistent_compilation_cache
@@ -105,7 +107,7 @@ def optimize_kl(
         Default ``CGConfig(tol=1e-6, maxiter=500)``.
     nonlinear_update : NewtonCGConfig or callable(iteration) -> NewtonCGConfig
         Newton-CG of the geoVI update, one per sample (used by the
-        ``nonlinear_*`` modes). Default ``NewtonCGConfig(xtol=1e-6, maxiter=20)``.
+        ``nonlinear_*`` modes). Default ``NewtonCGConfig(xtol=1e-6, maxiter=50)``.
     kl_minimization : Minimizer or callable(iteration) -> Minimizer
         Minimizer of the sample-averaged KL: ``NewtonCGConfig`` (line search),
         ``TrustRegionConfig`` (Steihaug trust region), ``OptaxConfig`` or any
@@ -308,6 +310,8 @@ def optimize_kl(
                     raise ckpt.CheckpointError(_refusal(directory))
                 else:
                     logger.warning("overwrite=True: a new run replaces the checkpoint in %s", directory)
+            if jax.process_count() > 1:
+                _check_same_iteration(state.nit, directory)
             handover = _Handover(samples)  # the loaded samples: freed once the next ones replace them
             del samples
             return opt.run(
@@ -317,6 +321,24 @@ def optimize_kl(
                 callback=callback,
                 fingerprint=fingerprint,
             )
+
+
+def _check_same_iteration(nit, directory) -> None:
+    """Multi-process: every process starts (or resumes) at the same iteration, else a ``CheckpointError`` on all.
+
+    Each process writes its own checkpoint after the iteration's last collective: a process killed while the
+    others wrote can be one iteration behind, and processes at different iterations would wait on each
+    other's collectives for ever.
+    """
+    from jax.experimental import multihost_utils
+
+    its = np.asarray(multihost_utils.process_allgather(np.asarray(int(nit), np.int32))).ravel()
+    if np.any(its != its[0]):
+        raise ckpt.CheckpointError(
+            f"the processes start at different iterations {its.tolist()} (process i at entry i; this process "
+            f"{jax.process_index()}, {directory!r}: {int(nit)}): every process must resume from a checkpoint of the "
+            "same iteration (see each checkpoint_dir's latest.json)"
+        )
 
 
 def _history_differences(opt: OptimizeVI, history) -> list:
