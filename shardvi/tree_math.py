@@ -237,8 +237,8 @@ def row_normal(key, shape, dtype, row_offset=0):
     cut into blocks of rows (data blocks, a grid's slabs) draws, block by block
     with each block's ``row_offset``, the numbers of the whole array; and the
     whole array's numbers are ``jax.random.normal(key, shape, dtype)``'s under
-    JAX's default ``jax_threefry_partitionable`` (bitwise on the supported
-    versions, for real float dtypes). A 0-d shape draws one number. Complex
+    JAX's default ``jax_threefry_partitionable`` (tested bitwise on CPU with
+    the supported JAX versions, real float dtypes). A 0-d shape draws one number. Complex
     dtypes get independent unit-variance real and imaginary parts (the real
     draws of the two halves of ``jax.random.split(key)``).
     """
