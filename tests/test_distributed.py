@@ -93,6 +93,59 @@ def test_two_processes_bitwise_equal_to_one_process(tmp_path, strategy):
             assert np.array_equal(got[f"arr_{i}"], np.asarray(b)), f"field-parallel array {i} differs"
 
 
+def _start_kill_resume(root, phase, out):
+    port = _free_port()
+    env = dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE, os.environ.get("PYTHONPATH", "")]),
+    )
+    worker = os.path.join(HERE, "_kill_resume_worker.py")
+    return [
+        subprocess.Popen(
+            [sys.executable, worker, str(port), str(i), root, phase, out],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+
+
+@pytest.mark.slow
+def test_a_lost_process_ends_the_run_and_both_resume_to_the_straight_result(tmp_path):
+    """Process 1 dies (SIGKILL) after iteration 2 of 3; process 0, waiting in iteration 3's collectives, is
+    ended by JAX's runtime once the heartbeat (5 s) is missed. Both processes restarted with resume=True continue
+    from their checkpoints of iteration 2 and end with the bits of the uninterrupted run (the one-process run,
+    which the two-process run equals: test_two_processes_bitwise_equal_to_one_process)."""
+    import json
+
+    root, out = str(tmp_path), str(tmp_path / "result.npz")
+    p0, p1 = _start_kill_resume(root, "kill", out)
+    log1 = p1.communicate(timeout=scaled(TIMEOUT))[0]
+    assert p1.returncode == -9, log1[-3000:]
+    try:
+        log0 = p0.communicate(timeout=scaled(60))[0]
+    except subprocess.TimeoutExpired:
+        p0.kill()
+        pytest.fail("process 0 was not ended within 60 s of losing process 1")
+    assert p0.returncode != 0, log0[-3000:]
+    for i in (0, 1):
+        with open(os.path.join(root, f"process-{i}", "latest.json")) as f:
+            assert json.load(f)["nit"] == 2
+    procs = _start_kill_resume(root, "resume", out)
+    for i, p in enumerate(procs):
+        log = p.communicate(timeout=scaled(TIMEOUT))[0]
+        assert p.returncode == 0, f"process {i} failed on resume:\n{log[-3000:]}"
+    got = np.load(out)
+    steps, _ = reference_steps()
+    ref = final_arrays(*steps[-1])
+    assert len(got.files) == len(ref)
+    for i, b in enumerate(ref):
+        assert np.array_equal(got[f"arr_{i}"], b), f"array {i} differs"
+
+
 @pytest.mark.parametrize(
     "kwargs,exc,match",
     [
