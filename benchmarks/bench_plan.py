@@ -1,11 +1,14 @@
 """How well the planner predicts memory: ``sv.parallel.plan``'s peak per device against the measured peak.
 
     python benchmarks/bench_plan.py [--sizes 256,512] [--pairs 4] [--json out.json]
+    python benchmarks/bench_plan.py --radio 64,64 --data-blocks 7 --sizes 64   # visibilities in data blocks
     python benchmarks/bench_plan.py --smoke          # seconds: a 32^2 pointwise model
 
 For each size and chunk size (``Vmap`` chunk 1 and all samples at once, one
 CPU device per child process) a child builds the correlated-field problem of
-``benchmarks/_common.py``, asks the planner for its prediction, runs one
+``benchmarks/_common.py`` (with ``--radio ANTENNAS,TIMES``: the radio demo's
+``size``² sky seen through ``sv.NUFFTResponse`` by ``ANTENNAS`` antennas at
+``TIMES`` times, the visibilities cut into ``--data-blocks`` blocks), asks the planner for its prediction, runs one
 geoVI iteration (which compiles every step), resets the kernel's peak RSS
 counter (``/proc/self/clear_refs``), runs a second iteration and reports
 
@@ -44,11 +47,27 @@ def _reset_hwm() -> None:
         f.write("5")
 
 
+def _radio(args, jax):
+    """``(likelihood, position, data)`` of the radio demo's problem with its visibilities in data blocks."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("radio_imaging", os.path.join(C.ROOT, "demos", "radio_imaging.py"))
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    antennas, times = (int(v) for v in args.radio.split(","))
+    prob = demo.RadioProblem(args.size, antennas, times, noise_level=0.1, seed=0)
+    position = jax.tree.map(lambda x: 0.1 * x, prob.field.init(jax.random.PRNGKey(1)))
+    return prob.blocked_likelihood(args.data_blocks), position, prob.data
+
+
 def child(args) -> dict:
     jax = C.setup_jax()
     sv = C.import_shardvi()
-    problem = C.Problem((args.size, args.size), model="pointwise" if args.smoke else "cf")
-    lh = problem.shardvi_likelihood()
+    if args.radio:
+        lh, position, data = _radio(args, jax)
+    else:
+        problem = C.Problem((args.size, args.size), model="pointwise" if args.smoke else "cf")
+        lh, position, data = problem.shardvi_likelihood(), problem.position, problem.data
     strategy = sv.parallel.Vmap(chunk_size=None if args.chunk == "all" else int(args.chunk))
     settings = dict(
         sample_mode="nonlinear_resample",
@@ -56,18 +75,18 @@ def child(args) -> dict:
         nonlinear_update=sv.NewtonCGConfig(xtol=1e-4, maxiter=3, cg=sv.CGConfig(tol=0.1, maxiter=30)),
         kl_minimization=sv.NewtonCGConfig(xtol=None, absdelta=0.01, maxiter=5, cg=sv.CGConfig(tol=0.5, maxiter=30)),
     )
-    plan = sv.parallel.plan(lh, problem.position, n_samples=args.pairs, devices=jax.devices()[:1], **settings)
+    plan = sv.parallel.plan(lh, position, n_samples=args.pairs, devices=jax.devices()[:1], **settings)
     label = "Vmap chunk " + ("all" if args.chunk == "all" else str(args.chunk))
     cand = next(c for c in plan.candidates if c.label == label)
     opt = sv.OptimizeVI(
         lh, 2, n_samples=args.pairs, sample_map=strategy, kl_map=strategy, progress=False, precompile=False, **settings
     )
-    pos = jax.tree.map(lambda x: jax.numpy.asarray(x), problem.position)
+    pos = jax.tree.map(lambda x: jax.numpy.asarray(x), position)
     samples = sv.Samples(pos, jax.tree.map(lambda p: jax.numpy.zeros((0, *p.shape), p.dtype), pos))
     state = opt.init_state(jax.random.PRNGKey(0))
     samples, state = opt.update(samples, state)  # compiles every step
     jax.block_until_ready(samples.residuals)
-    alive = sum(x.nbytes for x in jax.tree.leaves((samples.residuals, samples.pos, problem.data)))
+    alive = sum(x.nbytes for x in jax.tree.leaves((samples.residuals, samples.pos, data)))
     before = C.current_rss_mib() * 2**20
     _reset_hwm()
     samples, state = opt.update(samples, state)
@@ -77,7 +96,9 @@ def child(args) -> dict:
         size=args.size,
         chunk=args.chunk,
         pairs=args.pairs,
-        n_latent=problem.n_latent,
+        n_latent=sum(x.size for x in jax.tree.leaves(pos)),
+        n_data=int(data.size),
+        data_blocks=args.data_blocks if args.radio else None,
         predicted=cand.peak,
         measured=int(measured),
         ratio=measured / cand.peak,
@@ -92,6 +113,8 @@ def main(argv=None):
     ap.add_argument("--chunks", default="1,all")
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--radio", default=None, help="ANTENNAS,TIMES: the radio demo's problem in --data-blocks blocks")
+    ap.add_argument("--data-blocks", type=int, default=8)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--size", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--chunk", default=None, help=argparse.SUPPRESS)
@@ -105,6 +128,7 @@ def main(argv=None):
         for chunk in args.chunks.split(","):
             argv_child = ["--child", "--size", str(size), "--chunk", chunk, "--pairs", str(args.pairs)]
             argv_child += ["--smoke"] if args.smoke else []
+            argv_child += ["--radio", args.radio, "--data-blocks", str(args.data_blocks)] if args.radio else []
             r = C.run_child(sys.executable, os.path.abspath(__file__), argv_child, timeout=3600)
             if "error" in r:
                 print(f"{size}^2 chunk {chunk}: {r['error']}", file=sys.stderr)
@@ -119,7 +143,8 @@ def main(argv=None):
         ["grid", "chunk", "pairs", "predicted MiB", "measured MiB", "measured / predicted"],
         [
             [
-                f"{r['size']}²",
+                f"{r['size']}²"
+                + (f", {r['n_data']} visibilities in {r['data_blocks']} blocks" if r["data_blocks"] else ""),
                 r["chunk"],
                 r["pairs"],
                 f"{r['predicted'] / 2**20:.1f}",
