@@ -122,21 +122,29 @@ def test_a_lost_process_ends_the_run_and_both_resume_to_the_straight_result(tmp_
     import json
 
     root, out = str(tmp_path), str(tmp_path / "result.npz")
+
+    started = []
+
+    def wait(procs, seconds):
+        try:
+            return [p.communicate(timeout=scaled(seconds))[0] for p in procs]
+        except subprocess.TimeoutExpired:
+            for p in started:
+                p.kill()
+            pytest.fail(f"the two-process run did not end within {scaled(seconds):.0f} s")
+
     p0, p1 = _start_kill_resume(root, "kill", out)
-    log1 = p1.communicate(timeout=scaled(TIMEOUT))[0]
+    started += [p0, p1]
+    (log1,) = wait([p1], TIMEOUT)
     assert p1.returncode == -9, log1[-3000:]
-    try:
-        log0 = p0.communicate(timeout=scaled(60))[0]
-    except subprocess.TimeoutExpired:
-        p0.kill()
-        pytest.fail("process 0 was not ended within 60 s of losing process 1")
+    (log0,) = wait([p0], 60)  # the runtime ends the survivor after the missed heartbeat
     assert p0.returncode != 0, log0[-3000:]
     for i in (0, 1):
         with open(os.path.join(root, f"process-{i}", "latest.json")) as f:
             assert json.load(f)["nit"] == 2
     procs = _start_kill_resume(root, "resume", out)
-    for i, p in enumerate(procs):
-        log = p.communicate(timeout=scaled(TIMEOUT))[0]
+    started += procs
+    for i, (p, log) in enumerate(zip(procs, wait(procs, TIMEOUT))):
         assert p.returncode == 0, f"process {i} failed on resume:\n{log[-3000:]}"
     got = np.load(out)
     steps, _ = reference_steps()
