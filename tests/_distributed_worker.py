@@ -16,7 +16,8 @@ import sys
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 
-def main(port: int, process_id: int, out: str, strategy: str) -> None:
+def join(port: int, process_id: int, **kwargs) -> None:
+    """Join the 2-process runtime on 127.0.0.1 (2 CPU devices per process), before any JAX computation."""
     from _timeouts import scaled
 
     import shardvi as sv  # imports jax but runs no JAX computation
@@ -27,7 +28,14 @@ def main(port: int, process_id: int, out: str, strategy: str) -> None:
         process_id=process_id,
         local_device_count=2,
         initialization_timeout=int(scaled(60)),
+        **kwargs,
     )
+
+
+def main(port: int, process_id: int, out: str, strategy: str) -> None:
+    import shardvi as sv
+
+    join(port, process_id)
     import jax
 
     jax.config.update("jax_enable_x64", True)

@@ -17,18 +17,12 @@ import time
 
 
 def main(port: int, process_id: int, root: str, phase: str, out: str) -> None:
+    from _distributed_worker import join
     from _timeouts import scaled
 
     import shardvi as sv
 
-    sv.parallel.initialize_distributed(
-        f"127.0.0.1:{port}",
-        num_processes=2,
-        process_id=process_id,
-        local_device_count=2,
-        initialization_timeout=int(scaled(60)),
-        heartbeat_timeout=5,
-    )
+    join(port, process_id, heartbeat_timeout=5)
     import jax
 
     jax.config.update("jax_enable_x64", True)
