@@ -262,6 +262,10 @@ def test_bad_blocking_raises_clear_errors():
     d = np.ones(N_DATA)
     with pytest.raises(ValueError, match="data_blocks=97 exceeds the 96 data"):
         sv.Gaussian(d, noise_std=1.0).amend(model, data_blocks=97)
+    coupled = sv.Likelihood(lambda s: 0.5 * jnp.sum(s) ** 2, domain=jax.ShapeDtypeStruct((N_DATA,), jnp.float64))
+    coupled.amend(model, data_blocks=4)  # dividing: no padding, no per-datum sum
+    with pytest.raises(ValueError, match="padding sums the energy per datum.*couples data"):
+        coupled.amend(model, data_blocks=5)
     from shardvi.vi.blocked import assemble_process_blocks
 
     with pytest.raises(ValueError, match="every process's data must fill its blocks"):

@@ -102,6 +102,30 @@ def _energy_per_datum(likelihood: Likelihood, s):
     return jax.vmap(one)([x for x, p in zip(leaves, per_datum) if p], s)
 
 
+def _check_per_datum(likelihood, model, inputs, size: int, data_blocks: int) -> None:
+    """Padding sums the energy per datum: check on the first block that the datum terms add up to its energy.
+
+    A likelihood whose energy couples the data of a block (e.g. a Gaussian with a callable noise operator
+    that is not diagonal) would otherwise be summed wrongly; ``ValueError`` before any work.
+    """
+    first = {
+        "likelihood": jtu.tree_map(lambda x: x if np.ndim(x) == 0 else x[:size], likelihood),
+        "inputs": jtu.tree_map(lambda x: x[:size], inputs),
+    }
+    xi = jtu.tree_map(lambda d: 0.1 * d, tm.random_like(jax.random.PRNGKey(0), model.domain))
+    s = model.call(xi, first["inputs"])
+    whole = float(first["likelihood"].energy(s))
+    terms = np.asarray(_energy_per_datum(first["likelihood"], s))
+    eps = float(jnp.finfo(tm.leaf_dtype(model.domain)).eps)
+    if not abs(whole - float(np.sum(terms))) <= 1e3 * eps * (abs(whole) + float(np.sum(np.abs(terms))) + 1.0):
+        raise ValueError(
+            f"data_blocks={data_blocks} does not divide the data, and the blocks would be padded: padding sums "
+            f"the energy per datum, but {type(likelihood).__name__}'s energy of one block ({whole!r}) is not the "
+            f"sum of its data's ({float(np.sum(terms))!r}), so it couples data: use a data_blocks that divides "
+            "the number of data"
+        )
+
+
 class BlockedLikelihood(Likelihood):
     """``likelihood`` on the latent space of ``model``, its data cut into ``data_blocks`` blocks.
 
@@ -196,6 +220,7 @@ class BlockedLikelihood(Likelihood):
         self.blocks = {"likelihood": blocked, "inputs": inputs, "index": np.arange(data_blocks, dtype=np.int32)}
         if n_pad:
             self.blocks["real"] = np.arange(size * data_blocks) < n
+            _check_per_datum(likelihood, core, inputs, size, data_blocks)
         self.model = core
         self.n_blocks = data_blocks
         self.block_size = size
