@@ -75,6 +75,11 @@ def _pad_rows(x, n_pad: int):
     return xp.concatenate([x, xp.repeat(x[-1:], n_pad, axis=0)])
 
 
+def _first_rows(tree, stop: int):
+    """``tree`` with every per-datum leaf cut to its first ``stop`` rows (scalars unchanged)."""
+    return jtu.tree_map(lambda x: x if np.ndim(x) == 0 else x[:stop], tree)
+
+
 def _mask_rows(real, tree):
     """``tree`` with the rows where ``real`` is False set to zero (each leaf's leading axis is the block's data)."""
 
@@ -108,14 +113,11 @@ def _check_per_datum(likelihood, model, inputs, size: int, data_blocks: int) -> 
     A likelihood whose energy couples the data of a block (e.g. a Gaussian with a callable noise operator
     that is not diagonal) would otherwise be summed wrongly; ``ValueError`` before any work.
     """
-    first = {
-        "likelihood": jtu.tree_map(lambda x: x if np.ndim(x) == 0 else x[:size], likelihood),
-        "inputs": jtu.tree_map(lambda x: x[:size], inputs),
-    }
+    lik = _first_rows(likelihood, size)
     xi = jtu.tree_map(lambda d: 0.1 * d, tm.random_like(jax.random.PRNGKey(0), model.domain))
-    s = model.call(xi, first["inputs"])
-    whole = float(first["likelihood"].energy(s))
-    terms = np.asarray(_energy_per_datum(first["likelihood"], s))
+    s = model.call(xi, _first_rows(inputs, size))
+    whole = float(lik.energy(s))
+    terms = np.asarray(_energy_per_datum(lik, s))
     eps = float(jnp.finfo(tm.leaf_dtype(model.domain)).eps)
     if not abs(whole - float(np.sum(terms))) <= 1e3 * eps * (abs(whole) + float(np.sum(np.abs(terms))) + 1.0):
         raise ValueError(
@@ -288,15 +290,14 @@ class BlockedLikelihood(Likelihood):
         """``H_b(s_b)``, the energy of block ``b``'s real data."""
         if "real" not in blk:
             return blk["likelihood"].energy(s)
-        terms = _energy_per_datum(blk["likelihood"], s)
-        return jnp.sum(jnp.where(blk["real"], terms, jnp.zeros_like(terms)))
+        return jnp.sum(_mask_rows(blk["real"], _energy_per_datum(blk["likelihood"], s)))
 
     # -- the operators -------------------------------------------------------------------------
     def normalization(self) -> float | None:
         """The data likelihood's (its leaves cut into blocks hold the same data; the padding left out)."""
         lik = self.blocks["likelihood"]
         if self.padded:
-            lik = jtu.tree_map(lambda x: x if np.ndim(x) == 0 else x[: self.n_data], lik)
+            lik = _first_rows(lik, self.n_data)
         return lik.normalization()
 
     def energy(self, xi):

@@ -213,8 +213,8 @@ def _from_residual_else_zero(solve, residual, y, keep) -> Solution:
     zero = tm.zeros_like(residual)
 
     def again(state):
-        attempt, sol = state
-        return (attempt == 0) | ((attempt == 1) & ~(sol.fun <= at_zero))
+        k, sol = state
+        return (k == 0) | ((k == 1) & ~(sol.fun <= at_zero))
 
     def attempt(state):
         k, prev = state
