@@ -58,15 +58,14 @@ Random numbers: both engines get ``key=PRNGKey(--seed)`` and derive the per-iter
 and data-/prior-space keys in the same way (shardvi follows NIFTy.re's splitting), so both draw
 the same white noise: where the solvers converge, the two engines' MGVI samples coincide to
 rounding, and differences between the engines come from their solvers and, for geoVI, from the
-coordinate transformation, not from different random draws. One exception: with
-``VariableCovarianceGaussian`` NIFTy.re's likelihood sees ``1/std``, so the std part of its
-data-space draw enters the metric sample with the opposite sign: there the engines draw
-different (equally distributed) samples.
+coordinate transformation, not from different random draws (NIFTy.re's
+``VariableCovarianceGaussian`` sees ``1/std``; shardvi's metric square root carries the matching
+sign, so the draws agree there too).
 NIFTy.re's ``VariableCovarianceStudentT`` has no ``transformation`` (nifty 9.2.0), so its geoVI
 on ``noise_student`` raises ``NotImplementedError``: those rows are recorded as unsupported.
-NIFTy.re's ``VariableCovarianceGaussian.transformation`` is its global residual map
-``(std_inv (mean - d), log std_inv)``; shardvi's geoVI uses the local coordinates of
-``Likelihood.transformation_at`` for the location-scale likelihoods.
+Both engines' ``VariableCovarianceGaussian`` geoVI coordinates are the residual map
+(NIFTy.re: ``(std_inv (mean - d), log std_inv)``; shardvi: ``((mean - d)/std, log std)``, the same
+Gram matrix); the geoVI rows differ by the engines' nonlinear solves.
 
 Scores, for every quantity (``score``):
 

@@ -41,16 +41,20 @@ def test_the_nuts_reference_is_the_exact_posterior():
 def test_geovi_learns_the_noise_level_close_to_the_reference():
     """geoVI (2 MGVI then 8 geoVI iterations, 16 pairs, default solvers) against the reference.
 
-    The path's posterior mean is within 0.5 reference standard deviations (median over the 30
-    steps) and its std within a factor 2.5; the noise scale's mean within 3 (its posterior is
-    skewed, with a tail towards zero that a Gaussian in the latent space cannot follow). geoVI in
-    the global coordinates ``(mean/std, sqrt(2) log std)`` instead puts the noise scale 14-30
-    reference standard deviations off and the path's std 5-10 times too wide.
+    Started where the benchmark starts (the problem's ``start``, path latents away from the
+    funnel's neck between the innovation scale and the path: from ``pos0`` a run may end with the
+    noise explaining all the data, whatever the coordinates). The path's posterior mean is within 0.5
+    reference standard deviations (median over the 30 steps) and its std within a factor 1.5; the
+    noise scale's mean within 1.5 and its std at least 0.6 of the reference's (its posterior is
+    skewed, with a tail towards zero that a Gaussian in the latent space cannot follow). Coordinates
+    exact at the expansion point instead of in expectation over the data give the noise scale a std
+    of 0.4-0.5 of the reference's; the global ``(mean/std, sqrt(2) log std)`` puts it 14-30 reference
+    standard deviations off.
     """
     problem = accuracy_problems.make("noise_gauss")
     samples, _ = sv.optimize_kl(
         problem.lh,
-        problem.pos0,
+        problem.start,
         key=jax.random.PRNGKey(0),
         n_total_iterations=10,
         n_samples=16,
@@ -66,6 +70,7 @@ def test_geovi_learns_the_noise_level_close_to_the_reference():
 
     path_err, path_ratio = err("path")
     assert path_err < 0.5, path_err
-    assert 1 / 2.5 < path_ratio < 2.5, path_ratio
-    obs_err, _ = err("obs_scale")
-    assert obs_err < 3.0, obs_err
+    assert 1 / 1.5 < path_ratio < 1.5, path_ratio
+    obs_err, obs_ratio = err("obs_scale")
+    assert obs_err < 1.5, obs_err
+    assert 0.6 < obs_ratio < 1.5, obs_ratio

@@ -75,13 +75,30 @@ def test_nonlinear_update_solves_geovi_equation():
     assert not np.allclose(np.asarray(r), np.asarray(r_lin), atol=1e-3)  # it really curved
 
 
+class _PointCoordinatesGaussian(sv.VariableCovarianceGaussian):
+    """A learned-noise Gaussian whose geoVI coordinates are built around the expansion point
+    ``(mean_bar, std_bar)``: ``(delta, sqrt(2) log std + delta^2/(2 sqrt(2)))`` with
+    ``delta = (mean - mean_bar)/std``, exact with its first derivatives there; the std part of the
+    metric's square root without a sign flip."""
+
+    def transformation_at(self, s_bar):
+        def t(s):
+            delta = (s[0] - s_bar[0]) / s[1]
+            return delta, 2**0.5 * jnp.log(s[1]) + delta**2 / (2 * 2**0.5)
+
+        return t
+
+    def left_sqrt_metric(self, s, e):
+        return e[0] / s[1], 2**0.5 * e[1] / s[1]
+
+
 def test_a_geovi_solve_that_ends_in_a_local_minimum_is_solved_again_from_zero(monkeypatch):
-    """``noise_gauss`` (benchmarks/accuracy_problems.py, a learned noise scale) at a stored expansion point
-    and key where the Newton descent from the linear residual ends in a local minimum of ``|delta|^2/2``
-    (4.99e4) far above its value at zero (``|y|^2/2`` = 525) with the observation scale at 2.2 (the
-    position's: 0.089): the update solves once more from zero and ends below ``|y|^2/2`` at a scale near the
-    position's, counting the Newton steps of both solves. Where the first solve ends closer to the root
-    than zero is, the result is that solve's, to the bit."""
+    """``noise_gauss`` (benchmarks/accuracy_problems.py, a learned noise scale) with point-built geoVI
+    coordinates, at a stored expansion point and key where the Newton descent from the linear residual ends
+    in a local minimum of ``|delta|^2/2`` (4.99e4) far above its value at zero (``|y|^2/2`` = 525) with the
+    observation scale at 2.2 (the position's: 0.089): the update solves once more from zero and ends below
+    ``|y|^2/2`` at a scale near the position's, counting the Newton steps of both solves. Where the first
+    solve ends closer to the root than zero is, the result is that solve's, to the bit."""
     import os
     import sys
 
@@ -92,18 +109,21 @@ def test_a_geovi_solve_that_ends_in_a_local_minimum_is_solved_again_from_zero(mo
     from shardvi.vi import sampling
 
     problem = accuracy_problems.make("noise_gauss")
+    base = problem.lh.likelihood
+    assert type(base) is sv.VariableCovarianceGaussian
+    lh = _PointCoordinatesGaussian(base.data).amend(problem.lh.model)
     stored = np.load(os.path.join(root, "tests", "data", "noise_gauss_geovi_local_minimum.npz"))
     pos = {k: jnp.asarray(stored[f"pos_{k}"]) for k in ("path", "innov", "obs")}
     key = jnp.asarray(stored["key"])
     config = sv.NewtonCGConfig(
         xtol=0.0, maxiter=20, cg=sv.CGConfig(tol=0.5, miniter=6, maxiter=200), energy_reduction_factor=0.1
     )
-    r_lin, _ = sv.draw_linear_residual(problem.lh, pos, key, sv.CGConfig(tol=1e-6, miniter=6, maxiter=500))
-    y = sv.vi.metric_sample(problem.lh, pos, key)
+    r_lin, _ = sv.draw_linear_residual(lh, pos, key, sv.CGConfig(tol=1e-6, miniter=6, maxiter=500))
+    y = sv.vi.metric_sample(lh, pos, key)
     at_zero = 0.5 * float(sv.tree_math.vdot(y, y))
 
     def update(sign):
-        r, res = sv.nonlinearly_update_residual(problem.lh, pos, sv.tree_math.scale(sign, r_lin), key, sign, config)
+        r, res = sv.nonlinearly_update_residual(lh, pos, sv.tree_math.scale(sign, r_lin), key, sign, config)
         return r, res, float(problem.quantities(sv.tree_math.add(pos, r))["obs_scale"])
 
     results = {sign: update(sign) for sign in (1.0, -1.0)}

@@ -227,13 +227,14 @@ class Likelihood(Module):
 
         The geoVI update curves its samples with this map: its Jacobian at
         ``s_bar`` must reproduce the Fisher metric there,
-        ``(dT/ds)^T (dT/ds) = F(s_bar)``, or the update is inconsistent with
-        the metric that drew the linear sample. The default is the global
-        :meth:`transformation` (exact everywhere for a Fisher metric that is
-        the pull-back of a Euclidean one: ``Gaussian``, ``Poisson``,
-        ``StudentT``). A likelihood with a curved Fisher geometry (the
-        variable-covariance ones) overrides it with a map built around
-        ``s_bar``.
+        ``(dT/ds)^T (dT/ds) = F(s_bar)`` (exactly, or in expectation over data
+        drawn at ``s_bar`` where the Fisher geometry is curved), or the update
+        is inconsistent with the metric that drew the linear sample. The
+        default is the global :meth:`transformation` (exact everywhere for a
+        Fisher metric that is the pull-back of a Euclidean one: ``Gaussian``,
+        ``Poisson``, ``StudentT``; in expectation for the variable-covariance
+        ones). A likelihood whose map depends on the expansion point
+        overrides this.
         """
         del s_bar
         return self.transformation

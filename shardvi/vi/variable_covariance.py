@@ -20,7 +20,7 @@ from ._checks import domain_of, finite_data
 from .likelihood import Likelihood
 from .normalization import LOG_2PI
 
-__all__ = ["VariableCovarianceGaussian", "local_coordinates", "residual_coordinates"]
+__all__ = ["VariableCovarianceGaussian", "residual_coordinates"]
 
 _SQRT2 = 2.0**0.5
 
@@ -42,48 +42,18 @@ def mean_std_domain(data):
     return (tree, tree)
 
 
-def residual_coordinates(s, data, fisher_mean, fisher_std):
-    """``(a (mean - d)/std, b log std)``: the global geoVI coordinates of a location-scale likelihood.
+def residual_coordinates(s, data, scale_mean, scale_std):
+    """``(a (mean - d)/std, b log std)``: residual coordinates of a location-scale likelihood.
 
-    ``a = fisher_mean`` and ``b = fisher_std`` are ``std`` times the square roots of the Fisher
-    metric's entries (trees of the data's structure: arrays or Python floats). The Gram matrix of the
-    Jacobian is the Fisher metric ``diag(a^2, b^2)/std^2`` plus the cross terms
-    ``-a^2 delta/std^2`` (mean-std) and ``a^2 delta^2/std^2`` (std-std), with the normalized
-    residual ``delta = (mean - d)/std``: exact where the model fits the data.
+    ``a = scale_mean`` and ``b = scale_std`` are trees of the data's structure (arrays or Python
+    floats). With the normalized residual ``delta = (mean - d)/std``, the Gram matrix of the
+    Jacobian with respect to ``(mean, log std)`` is ``[[a^2/std^2, -a^2 delta/std],
+    [-a^2 delta/std, a^2 delta^2 + b^2]]``: its cross term vanishes where the model fits the data.
     """
     mean, std = s
     return (
-        jtu.tree_map(lambda a, m, d, sg: a * ((m - d) / sg), fisher_mean, mean, data, std),
-        jtu.tree_map(lambda b, sg: b * jnp.log(sg), fisher_std, std),
-    )
-
-
-def local_coordinates(s, s_bar, fisher_mean, fisher_std):
-    """The geoVI coordinates of a location-scale likelihood around the expansion point ``s_bar``.
-
-    With ``delta = (mean - mean_bar)/std`` and ``a``, ``b`` as in :func:`residual_coordinates`::
-
-        T(mean, std) = (a delta, b log std + a^2 delta^2 / (2 b))
-
-    The Gram matrix of its Jacobian, ``std^2 G = [[a^2 + a^4 delta^2/b^2, -a^4 delta^3/b^2],
-    [-a^4 delta^3/b^2, b^2 - a^2 delta^2 + a^4 delta^4/b^2]]``, equals the Fisher metric
-    ``diag(a^2, b^2)/std^2`` where ``mean = mean_bar`` (for every ``std``), together with its
-    first derivatives (the quadratic term cancels the slope of the cross term); its errors are of
-    second order in ``delta``, and ``det G = det F`` everywhere. The Fisher geometry of a
-    location-scale family is a hyperbolic plane: no map is exact on a whole neighbourhood.
-    """
-    (mean, std), m_bar = s, s_bar[0]
-
-    def one_mean(a, m, mb, sg):
-        return a * ((m - mb) / sg)
-
-    def one_std(a, b, m, mb, sg):
-        d = (m - mb) / sg
-        return b * jnp.log(sg) + (a * a / (2 * b)) * (d * d)
-
-    return (
-        jtu.tree_map(one_mean, fisher_mean, mean, m_bar, std),
-        jtu.tree_map(one_std, fisher_mean, fisher_std, mean, m_bar, std),
+        jtu.tree_map(lambda a, m, d, sg: a * ((m - d) / sg), scale_mean, mean, data, std),
+        jtu.tree_map(lambda b, sg: b * jnp.log(sg), scale_std, std),
     )
 
 
@@ -101,15 +71,19 @@ class VariableCovarianceGaussian(Likelihood):
     root and the metric samples).
 
     A location-scale Fisher metric is curved (a hyperbolic plane): no
-    transformation makes it Euclidean everywhere. The geoVI update therefore
-    uses coordinates built around its expansion point
-    (:meth:`transformation_at`, :func:`local_coordinates`): with
-    ``delta = (mean - mean_bar)/std``,
-    ``T = (delta, sqrt(2) log(std) + delta^2 / (2 sqrt(2)))``, whose Jacobian
-    reproduces the metric and its first derivatives exactly at the expansion
-    point, for any ``mean`` and ``std``. The global :meth:`transformation`
-    ``((mean - d)/std, sqrt(2) log(std))`` is exact where the model fits the
-    data (its cross terms are proportional to the normalized residual).
+    transformation makes it Euclidean everywhere. The geoVI coordinates are
+    the residual map ``T = ((mean - d)/std, log(std))`` (NIFTy.re's), whose
+    Jacobian reproduces the Fisher metric *in expectation over data drawn at
+    the point*: with ``delta = (mean - d)/std`` its Gram matrix with respect to
+    ``(mean, log std)`` is ``[[1/std^2, -delta/std], [-delta/std, delta^2 + 1]]``,
+    and ``E[delta] = 0``, ``E[delta^2] = 1`` give ``diag(1/std^2, 2)``, the
+    Fisher metric. Summed over the data that share a noise scale, the
+    realized residuals (mean square about 1) do the same, so the update
+    curves the samples of a learned noise scale as the metric prescribes.
+
+    The std part of :meth:`left_sqrt_metric` carries a minus sign (NIFTy.re's
+    convention, whose likelihood takes ``1/std``), so that both engines draw
+    the same samples from the same white noise.
 
     Parameters
     ----------
@@ -139,15 +113,9 @@ class VariableCovarianceGaussian(Likelihood):
         """``log(2 pi) / 2`` per datum (the energy keeps ``log std``)."""
         return 0.5 * LOG_2PI * sum(math.prod(np.shape(d)) for d in jtu.tree_leaves(self.data))
 
-    def _fisher_sqrt(self):
-        """``(a, b) = (1, sqrt(2))`` per data leaf: ``std`` times the square roots of the Fisher metric."""
-        return jtu.tree_map(lambda _: 1.0, self.data), jtu.tree_map(lambda _: _SQRT2, self.data)
-
     def transformation(self, s):
-        return residual_coordinates(s, self.data, *self._fisher_sqrt())
-
-    def transformation_at(self, s_bar):
-        return lambda s: local_coordinates(s, s_bar, *self._fisher_sqrt())
+        one = jtu.tree_map(lambda _: 1.0, self.data)
+        return residual_coordinates(s, self.data, one, one)
 
     def metric(self, s, t):
         std = s[1]
@@ -160,7 +128,7 @@ class VariableCovarianceGaussian(Likelihood):
         std = s[1]
         return (
             jtu.tree_map(lambda ei, sg: ei / sg, e[0], std),
-            jtu.tree_map(lambda ei, sg: _SQRT2 * ei / sg, e[1], std),
+            jtu.tree_map(lambda ei, sg: -_SQRT2 * ei / sg, e[1], std),
         )
 
     def normalized_residual(self, s):

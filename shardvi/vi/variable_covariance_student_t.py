@@ -10,9 +10,19 @@ from ._checks import positive_like, to_device
 from .likelihood import Likelihood
 from .normalization import summed_over_data
 from .student_t import t_log_normalization
-from .variable_covariance import leaf_sum, local_coordinates, mean_std_domain, real_data, residual_coordinates
+from .variable_covariance import leaf_sum, mean_std_domain, real_data
 
 __all__ = ["VariableCovarianceStudentT"]
+
+
+def _coordinate_mean(n):
+    """``a sqrt(dof)`` of the geoVI coordinates (host NumPy; asinh for ``dof >= 1``, atan below)."""
+    return np.where(n >= 1, (n + 1) / np.sqrt(n + 3), (n + 1) / np.sqrt(n + 2))
+
+
+def _coordinate_std(n):
+    """``b`` of the geoVI coordinates: ``sqrt((dof - 1)/(dof + 3))`` for ``dof >= 1``, ``sqrt(dof/(dof + 2))`` below."""
+    return np.where(n >= 1, np.sqrt(np.maximum(n - 1, 0) / (n + 3)), np.sqrt(n / (n + 2)))
 
 
 class VariableCovarianceStudentT(Likelihood):
@@ -28,13 +38,19 @@ class VariableCovarianceStudentT(Likelihood):
     ``F_mm = (dof + 1) / ((dof + 3) std^2)``, ``F_ss = 2 dof / ((dof + 3) std^2)``,
     and is applied exactly, as is its square root ``diag(sqrt(F_mm), sqrt(F_ss))``
     (the metric samples). As for :class:`~shardvi.VariableCovarianceGaussian`
-    (its ``dof -> inf`` limit) the geometry is a hyperbolic plane: the geoVI
-    update uses coordinates built around its expansion point
-    (:meth:`transformation_at`; with ``a = sqrt((dof + 1)/(dof + 3))``,
-    ``b = sqrt(2 dof/(dof + 3))`` and ``delta = (mean - mean_bar)/std``:
-    ``T = (a delta, b log(std) + a^2 delta^2/(2 b))``), exact with its first
-    derivatives at the expansion point; the global :meth:`transformation`
-    ``(a (mean - d)/std, b log(std))`` is exact where the model fits the data.
+    (its ``dof -> inf`` limit) the geometry is a hyperbolic plane, and the
+    geoVI coordinates reproduce the Fisher metric in expectation over data
+    drawn at the point. With ``delta = (mean - d)/std`` and ``n = dof``::
+
+        T = (a sqrt(n) asinh(delta/sqrt(n)), b log(std)),
+        a = (n + 1)/sqrt(n (n + 3)),  b = sqrt((n - 1)/(n + 3))     (dof >= 1)
+        T = (a sqrt(n) atan(delta/sqrt(n)), b log(std)),
+        a = (n + 1)/sqrt(n (n + 2)),  b = sqrt(n/(n + 2))           (dof < 1)
+
+    (``E[1/(1 + delta^2/n)] = n/(n + 1)`` and ``E[1/(1 + delta^2/n)^2] =
+    n (n + 2)/((n + 1)(n + 3))`` under the Student-t make the expected Gram
+    matrix ``diag(F_mm, F_ss)``; both maps tend to the Gaussian's
+    ``(delta, log std)`` as ``dof -> inf``).
 
     ``dof`` is fixed at construction (as in NIFTy.re's
     ``VariableCovarianceStudentT``); to infer it, write a likelihood whose
@@ -57,6 +73,8 @@ class VariableCovarianceStudentT(Likelihood):
     fisher_sqrt_mean, fisher_sqrt_std : pytree of jax.Array
         ``sqrt((dof + 1)/(dof + 3))`` and ``sqrt(2 dof/(dof + 3))``: ``std``
         times the square roots of ``F_mm`` and ``F_ss``.
+    coordinate_mean, coordinate_std : pytree of jax.Array
+        ``a sqrt(dof)`` and ``b`` of the geoVI coordinates.
 
     Notes
     -----
@@ -72,6 +90,8 @@ class VariableCovarianceStudentT(Likelihood):
         # in NumPy on the host, like the checks (no eager XLA programs)
         self.fisher_sqrt_mean = to_device(jtu.tree_map(lambda n: np.sqrt((n + 1) / (n + 3)), nu_host))
         self.fisher_sqrt_std = to_device(jtu.tree_map(lambda n: np.sqrt(2 * n / (n + 3)), nu_host))
+        self.coordinate_mean = to_device(jtu.tree_map(_coordinate_mean, nu_host))
+        self.coordinate_std = to_device(jtu.tree_map(_coordinate_std, nu_host))
         dom = mean_std_domain(d)
         self.set_domain(dom, lsm_tangents_shape=dom)
 
@@ -88,10 +108,16 @@ class VariableCovarianceStudentT(Likelihood):
         return summed_over_data(lambda d, nu: t_log_normalization(nu), self.data, self.dof)
 
     def transformation(self, s):
-        return residual_coordinates(s, self.data, self.fisher_sqrt_mean, self.fisher_sqrt_std)
+        mean, std = s
 
-    def transformation_at(self, s_bar):
-        return lambda s: local_coordinates(s, s_bar, self.fisher_sqrt_mean, self.fisher_sqrt_std)
+        def one_mean(d, n, c, m, sg):
+            u = ((m - d) / sg) / jnp.sqrt(n)
+            return c * jnp.where(n >= 1, jnp.arcsinh(u), jnp.arctan(u))
+
+        return (
+            jtu.tree_map(one_mean, self.data, self.dof, self.coordinate_mean, mean, std),
+            jtu.tree_map(lambda b, sg: b * jnp.log(sg), self.coordinate_std, std),
+        )
 
     def metric(self, s, t):
         std = s[1]
