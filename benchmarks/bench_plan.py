@@ -2,13 +2,17 @@
 
     python benchmarks/bench_plan.py [--sizes 256,512] [--pairs 4] [--json out.json]
     python benchmarks/bench_plan.py --radio 64,64 --data-blocks 7 --sizes 64   # visibilities in data blocks
+    python benchmarks/bench_plan.py --field-processes 4 --sizes 512   # the field split over 4 processes
     python benchmarks/bench_plan.py --smoke          # seconds: a 32^2 pointwise model
 
 For each size and chunk size (``Vmap`` chunk 1 and all samples at once, one
 CPU device per child process) a child builds the correlated-field problem of
 ``benchmarks/_common.py`` (with ``--radio ANTENNAS,TIMES``: the radio demo's
 ``size``² sky seen through ``sv.NUFFTResponse`` by ``ANTENNAS`` antennas at
-``TIMES`` times, the visibilities cut into ``--data-blocks`` blocks), asks the planner for its prediction, runs one
+``TIMES`` times, the visibilities cut into ``--data-blocks`` blocks; with ``--field-processes P``:
+``bench_field_memory.py``'s log-normal field split into ``P`` row blocks over ``P`` processes on 127.0.0.1, each
+building only its rows, ``ShardMap`` with ``model_shards=P`` and chunk 1; the largest process counts), asks the
+planner for its prediction, runs one
 geoVI iteration (which compiles every step), resets the kernel's peak RSS
 counter (``/proc/self/clear_refs``), runs a second iteration and reports
 
@@ -106,6 +110,70 @@ def child(args) -> dict:
     )
 
 
+def field_child(args) -> dict:
+    """One of ``--field-processes`` processes: the plan's prediction for its device and its measured peak."""
+    import bench_field_memory as F
+
+    sv = C.import_shardvi()
+    sv.parallel.initialize_distributed(
+        f"127.0.0.1:{args.port}",
+        num_processes=args.field_processes,
+        process_id=args.pid,
+        local_device_count=1,
+        initialization_timeout=120,
+    )
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.tree_util import Partial
+
+    jax.config.update("jax_enable_x64", True)
+    nproc, npix = args.field_processes, args.size
+    cf = F._field(sv, jnp, npix)
+    model = sv.Model(Partial(F._exp_field, cf), cf.domain)
+    strategy = sv.parallel.ShardMap(devices=jax.devices(), model_shards=nproc)
+    grid = (npix, npix)
+    data = sv.parallel.field_array(strategy, grid, lambda rows: F._data_rows(np, npix, 0, 0.1, rows))
+    lh = sv.Gaussian(data, noise_std=0.1).amend(model, field_blocks=nproc)
+
+    def start(d):
+        if tuple(d.shape) == grid:
+            return sv.parallel.field_array(strategy, grid, lambda r: np.zeros((r.stop - r.start, npix)))
+        return jnp.zeros(d.shape, d.dtype)
+
+    position = jax.tree.map(start, cf.domain)
+    settings = dict(
+        sample_mode="nonlinear_resample",
+        linear_sampling=sv.CGConfig(tol=1e-4, maxiter=60),
+        nonlinear_update=sv.NewtonCGConfig(xtol=1e-4, maxiter=3, cg=sv.CGConfig(tol=0.1, maxiter=30)),
+        kl_minimization=sv.NewtonCGConfig(xtol=None, absdelta=0.01, maxiter=5, cg=sv.CGConfig(tol=0.5, maxiter=30)),
+    )
+    plan = sv.parallel.plan(lh, position, n_samples=args.pairs, devices=jax.devices(), **settings)
+    label = f"ShardMap 1x{nproc} chunk 1"
+    cand = next(c for c in plan.candidates if c.label == label)
+    opt = sv.OptimizeVI(
+        lh, 2, n_samples=args.pairs, sample_map=strategy, kl_map=strategy, progress=False, precompile=False, **settings
+    )
+    samples = sv.Samples(position, jax.tree.map(lambda p: jnp.zeros((0, *p.shape), p.dtype), position))
+    state = opt.init_state(jax.random.PRNGKey(0))
+    samples, state = opt.update(samples, state)  # compiles every step
+    jax.block_until_ready(samples.residuals)
+
+    def local_bytes(tree):
+        return sum(sum(s.data.nbytes for s in x.addressable_shards) for x in jax.tree.leaves(tree))
+
+    alive = local_bytes((samples.residuals, samples.pos, data))
+    before = C.current_rss_mib() * 2**20
+    _reset_hwm()
+    samples, state = opt.update(samples, state)
+    jax.block_until_ready(samples.residuals)
+    measured = _hwm_bytes() - before + alive
+    out = dict(size=npix, chunk="1", pairs=args.pairs, processes=nproc, pid=args.pid, predicted=cand.peak)
+    out.update(measured=int(measured), ratio=measured / cand.peak, steps=cand.steps, data_blocks=None, n_data=npix**2)
+    sv.parallel.shutdown_distributed()
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="256,512")
@@ -115,16 +183,34 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--radio", default=None, help="ANTENNAS,TIMES: the radio demo's problem in --data-blocks blocks")
     ap.add_argument("--data-blocks", type=int, default=8)
+    ap.add_argument("--field-processes", type=int, default=None, help="P: the field split over P processes")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--size", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--chunk", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--pid", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args)))
+        print(json.dumps(field_child(args) if args.field_processes else child(args)))
         return 0
     sizes = [32] if args.smoke else [int(s) for s in args.sizes.split(",")]
     rows = []
     for size in sizes:
+        if args.field_processes:
+            argv_child = [sys.executable, os.path.abspath(__file__), "--child", "--size", str(size)]
+            argv_child += ["--pairs", str(args.pairs), "--field-processes", str(args.field_processes)]
+            argv_child += ["--port", str(C.free_port())]
+            recs = C.spawn_processes(argv_child, args.field_processes, 3600, f"{size}^2 over {args.field_processes}")
+            r = max(recs, key=lambda x: x["measured"])
+            r["predicted"] = max(x["predicted"] for x in recs)
+            r["ratio"] = r["measured"] / r["predicted"]
+            rows.append(r)
+            print(
+                f"{size}^2 over {args.field_processes} processes: predicted {r['predicted'] / 2**20:.1f} MiB, "
+                f"measured {r['measured'] / 2**20:.1f} MiB (largest process), ratio {r['ratio']:.2f}",
+                flush=True,
+            )
+            continue
         for chunk in args.chunks.split(","):
             argv_child = ["--child", "--size", str(size), "--chunk", chunk, "--pairs", str(args.pairs)]
             argv_child += ["--smoke"] if args.smoke else []
@@ -144,7 +230,8 @@ def main(argv=None):
         [
             [
                 f"{r['size']}²"
-                + (f", {r['n_data']} visibilities in {r['data_blocks']} blocks" if r["data_blocks"] else ""),
+                + (f", {r['n_data']} visibilities in {r['data_blocks']} blocks" if r["data_blocks"] else "")
+                + (f", field over {r['processes']} processes" if r.get("processes") else ""),
                 r["chunk"],
                 r["pairs"],
                 f"{r['predicted'] / 2**20:.1f}",

@@ -27,6 +27,7 @@ import numpy as np
 from jax import tree_util as jtu
 
 from ..minimizers.config import CGConfig, NewtonCGConfig
+from ..parallel.field_arrays import is_global
 from ..parallel.memory import format_bytes, tree_bytes
 from ..parallel.memory import memory_limit as device_memory_limit  # plan's argument has the function's name
 from ..parallel.mesh import check_devices
@@ -142,11 +143,14 @@ def _chunk_options(per_device: int) -> list:
     return [*out, per_device]
 
 
-def _candidates(likelihood, devices, n_samples: int, mirror: bool) -> list:
-    """``[(strategy, label)]``: one device with ``Vmap``, all devices with ``ShardMap`` (and model shards)."""
+def _candidates(likelihood, devices, n_samples: int, mirror: bool, split_over_processes: bool = False) -> list:
+    """``[(strategy, label)]``: one device with ``Vmap``, all devices with ``ShardMap`` (and model shards).
+
+    Arrays split over processes exclude ``Vmap`` (one device holds no other process's rows).
+    """
     m = n_samples * (2 if mirror else 1)
     out = []
-    for c in _chunk_options(max(m, 1)):
+    for c in _chunk_options(max(m, 1)) if not split_over_processes else ():
         chunk = None if c == m and c > 1 else c
         out.append((Vmap(chunk_size=chunk), f"Vmap chunk {'all' if chunk is None else chunk}"))
     if len(devices) > 1:
@@ -231,7 +235,12 @@ def _measure_candidate(
             opt._minimize.likelihood, place(kstrat, pos), _stand_in(kstrat, residuals), config=klc
         ).compile()
     steps["kl"], temps["kl"] = _analysis(kl)
-    resident = tree_bytes(residuals)  # the previous iteration's samples, on every device for the KL step
+    # the previous iteration's samples, on every device for the KL step (a split field's grid leaves: its rows)
+    shards = getattr(strategy, "model_shards", 1) or 1
+    split = likelihood.latent_split if field_split else jtu.tree_map(lambda _: False, residuals)
+    resident = sum(
+        tree_bytes(r) // (shards if s else 1) for r, s in zip(jtu.tree_leaves(residuals), jtu.tree_leaves(split))
+    )
     peak = max(steps["draw"] + resident, steps.get("curve", 0), steps["kl"])
     seconds = None
     if measure:
@@ -303,7 +312,8 @@ def plan(
     limit, source = device_memory_limit(devs, memory_limit)
     pos = jtu.tree_map(lambda x, d: jnp.asarray(x, d.dtype), position, likelihood.domain)
     cands = []
-    for strategy, label in _candidates(likelihood, devs, n_samples, mirror_samples):
+    across = any(is_global(x) for x in jtu.tree_leaves((likelihood, position)))
+    for strategy, label in _candidates(likelihood, devs, n_samples, mirror_samples, across):
         cands.append(
             _measure_candidate(
                 likelihood,
