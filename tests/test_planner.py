@@ -137,3 +137,22 @@ def test_auto_calls_a_schedule_once_per_iteration(problem):
         progress=False,
     )
     assert calls == [0, 1] and [r.n_samples for r in state.history] == [1, 2]
+
+
+def test_arrays_split_over_processes_leave_out_the_one_device_candidates():
+    """A field split over processes (``sv.parallel.field_array``) cannot run on one device: the plan offers only
+    the meshes over all devices, with the model shards the field blocks allow (benchmarks/bench_plan.py
+    ``--field-processes`` runs it over processes)."""
+    import sys
+
+    from shardvi.vi import planner
+
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    from test_field_split import split_likelihood
+
+    lh = split_likelihood(4)
+    local = [label for _, label in planner._candidates(lh, DEVICES, 2, True)]
+    across = [label for _, label in planner._candidates(lh, DEVICES, 2, True, split_over_processes=True)]
+    assert any(x.startswith("Vmap") for x in local) and not any(x.startswith("Vmap") for x in across)
+    assert across == [x for x in local if not x.startswith("Vmap")]
+    assert {"ShardMap 1x4 chunk 1", "ShardMap 2x2 chunk 1", "ShardMap x4 chunk 1"} <= set(across)
