@@ -226,6 +226,18 @@ def write_json(path, obj):
 
 
 # ----------------------------------------------------------------------------- multi-process memory runs
+def join_local_runtime(sv, port: int, nproc: int, pid: int, **kwargs) -> None:
+    """Join the ``nproc``-process JAX runtime on 127.0.0.1 (one CPU device per process), before any JAX op."""
+    sv.parallel.initialize_distributed(
+        f"127.0.0.1:{port}",
+        num_processes=nproc,
+        process_id=pid,
+        local_device_count=1,
+        initialization_timeout=120,
+        **kwargs,
+    )
+
+
 def free_port() -> int:
     """A free TCP port on 127.0.0.1 (the ``jax.distributed`` coordinator's)."""
     import socket

@@ -65,47 +65,48 @@ def _data_rows(np, npix, seed, sigma, rows):
     return d
 
 
+def split_problem(sv, strategy, npix: int, blocks: int, seed: int = 0, noise: float = 0.1):
+    """``(field, likelihood, start)``: the log-normal field amended with ``field_blocks=blocks``, its data and the
+    zero start's excitations split by rows over ``strategy``'s model axis (each process builds only its rows)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.tree_util import Partial
+
+    cf = _field(sv, jnp, npix)
+    model = sv.Model(Partial(_exp_field, cf), cf.domain)
+    grid = (npix, npix)
+    data = sv.parallel.field_array(strategy, grid, lambda rows: _data_rows(np, npix, seed, noise, rows))
+    lh = sv.Gaussian(data, noise_std=noise).amend(model, field_blocks=blocks)
+
+    def zeros(d):
+        if tuple(d.shape) == grid:
+            return sv.parallel.field_array(strategy, grid, lambda rows: np.zeros((rows.stop - rows.start, npix)))
+        return jnp.zeros(d.shape, d.dtype)
+
+    return cf, lh, jax.tree.map(zeros, cf.domain)
+
+
 def child(args):
     import resource
 
     os.environ["JAX_PLATFORMS"] = "cpu"
     import shardvi as sv
 
-    sv.parallel.initialize_distributed(
-        f"127.0.0.1:{args.port}",
-        num_processes=args.nproc,
-        process_id=args.pid,
-        local_device_count=1,
-        initialization_timeout=120,
-        cap_heaps=args.trim_host_memory,
-    )
+    C.join_local_runtime(sv, args.port, args.nproc, args.pid, cap_heaps=args.trim_host_memory)
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from jax.tree_util import Partial
 
     jax.config.update("jax_enable_x64", True)
 
     jax.block_until_ready(jnp.ones(4) + 1)
     base = C.current_rss_mib()
-    cf = _field(sv, jnp, args.npix)
-    model = sv.Model(Partial(_exp_field, cf), cf.domain)
     strategy = sv.parallel.ShardMap(devices=jax.devices(), model_shards=args.nproc)
-    # the data and the start position's excitations split by rows: each process builds only its rows
-    grid = (args.npix, args.npix)
-    data = sv.parallel.field_array(strategy, grid, lambda rows: _data_rows(np, args.npix, args.seed, args.noise, rows))
-    lh = sv.Gaussian(data, noise_std=args.noise).amend(model, field_blocks=args.blocks)
-    del data
+    cf, lh, pos0 = split_problem(sv, strategy, args.npix, args.blocks, args.seed, args.noise)
     lin = sv.CGConfig(tol=None, maxiter=args.cg_iters)
     inner = sv.CGConfig(tol=None, maxiter=args.cg_iters)
     kl = sv.NewtonCGConfig(xtol=None, maxiter=args.newton_iters, cg=inner)
-
-    def zeros(d):
-        if tuple(d.shape) == grid:
-            return sv.parallel.field_array(strategy, grid, lambda rows: np.zeros((rows.stop - rows.start, args.npix)))
-        return jnp.zeros(d.shape, d.dtype)
-
-    pos0 = jax.tree.map(zeros, cf.domain)
     times = []
     t0 = [time.perf_counter()]
 

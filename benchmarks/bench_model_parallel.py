@@ -86,13 +86,7 @@ def child(args):
     else:
         import shardvi as sv
 
-        sv.parallel.initialize_distributed(
-            f"127.0.0.1:{args.port}",
-            num_processes=args.nproc,
-            process_id=args.pid,
-            local_device_count=1,
-            initialization_timeout=120,
-        )
+        C.join_local_runtime(sv, args.port, args.nproc, args.pid)
     import jax
     import jax.numpy as jnp
     import numpy as np

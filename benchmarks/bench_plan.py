@@ -115,33 +115,15 @@ def field_child(args) -> dict:
     import bench_field_memory as F
 
     sv = C.import_shardvi()
-    sv.parallel.initialize_distributed(
-        f"127.0.0.1:{args.port}",
-        num_processes=args.field_processes,
-        process_id=args.pid,
-        local_device_count=1,
-        initialization_timeout=120,
-    )
+    C.join_local_runtime(sv, args.port, args.field_processes, args.pid)
     import jax
     import jax.numpy as jnp
-    import numpy as np
-    from jax.tree_util import Partial
 
     jax.config.update("jax_enable_x64", True)
-    nproc, npix = args.field_processes, args.size
-    cf = F._field(sv, jnp, npix)
-    model = sv.Model(Partial(F._exp_field, cf), cf.domain)
+    nproc = args.field_processes
     strategy = sv.parallel.ShardMap(devices=jax.devices(), model_shards=nproc)
-    grid = (npix, npix)
-    data = sv.parallel.field_array(strategy, grid, lambda rows: F._data_rows(np, npix, 0, 0.1, rows))
-    lh = sv.Gaussian(data, noise_std=0.1).amend(model, field_blocks=nproc)
-
-    def start(d):
-        if tuple(d.shape) == grid:
-            return sv.parallel.field_array(strategy, grid, lambda r: np.zeros((r.stop - r.start, npix)))
-        return jnp.zeros(d.shape, d.dtype)
-
-    position = jax.tree.map(start, cf.domain)
+    _, lh, position = F.split_problem(sv, strategy, args.size, nproc)
+    data = lh.likelihood.data
     settings = dict(
         sample_mode="nonlinear_resample",
         linear_sampling=sv.CGConfig(tol=1e-4, maxiter=60),
@@ -168,8 +150,8 @@ def field_child(args) -> dict:
     samples, state = opt.update(samples, state)
     jax.block_until_ready(samples.residuals)
     measured = _hwm_bytes() - before + alive
-    out = dict(size=npix, chunk="1", pairs=args.pairs, processes=nproc, pid=args.pid, predicted=cand.peak)
-    out.update(measured=int(measured), ratio=measured / cand.peak, steps=cand.steps, data_blocks=None, n_data=npix**2)
+    out = dict(size=args.size, chunk="1", pairs=args.pairs, processes=nproc, pid=args.pid, predicted=cand.peak)
+    out.update(measured=int(measured), ratio=measured / cand.peak, steps=cand.steps, data_blocks=None, n_data=data.size)
     sv.parallel.shutdown_distributed()
     return out
 
