@@ -1,5 +1,7 @@
 """geoVI beats MGVI on a strongly nonlinear 1-D problem (exact answer by quadrature)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -136,6 +138,40 @@ def test_a_geovi_solve_that_ends_in_a_local_minimum_is_solved_again_from_zero(mo
     assert float(plain[1.0][1].fun) < at_zero  # the partner converges from the linear residual: the same bits
     for a, b in zip(jax.tree.leaves(results[1.0][:2]), jax.tree.leaves(plain[1.0][:2])):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_default_update_solves_the_root_problem_in_few_newton_steps():
+    """``noise_gauss`` (a learned noise scale) at the stored expansion point, 2 keys and both signs: the default
+    ``nonlinear_update`` (inner CG to ``1e-6``) converges every solve in a few Newton steps (5-11 here), less than
+    half of what inner solves to a minimizer's relative residual of 0.5 take (20-50: an inexact Newton step on a
+    root problem converges linearly)."""
+    import os
+    import sys
+
+    from shardvi.vi.settings import DEFAULT_NONLINEAR_UPDATE
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "benchmarks"))
+    import accuracy_problems
+
+    problem = accuracy_problems.make("noise_gauss")
+    stored = np.load(os.path.join(root, "tests", "data", "noise_gauss_geovi_local_minimum.npz"))
+    pos = {k: jnp.asarray(stored[f"pos_{k}"]) for k in ("path", "innov", "obs")}
+    keys = jnp.repeat(jax.random.split(jax.random.PRNGKey(1), 2), 2, axis=0)
+    signs = jnp.asarray([1.0, -1.0, 1.0, -1.0])
+
+    def steps(config):
+        def one(key, sign):
+            r_lin, _ = sv.draw_linear_residual(problem.lh, pos, key, sv.CGConfig(tol=1e-6, maxiter=500))
+            _, res = sv.nonlinearly_update_residual(problem.lh, pos, sv.tree_math.scale(sign, r_lin), key, sign, config)
+            return res.nit, res.status
+
+        return [np.asarray(v) for v in jax.jit(jax.vmap(one))(keys, signs)]
+
+    nit, status = steps(DEFAULT_NONLINEAR_UPDATE)
+    assert DEFAULT_NONLINEAR_UPDATE.cg.tol == 1e-6 and np.all(status == 0) and nit.max() <= 15, (nit, status)
+    loose, _ = steps(dataclasses.replace(DEFAULT_NONLINEAR_UPDATE, cg=sv.CGConfig(tol=0.5, maxiter=500)))
+    assert loose.min() > 2 * nit.max(), (loose, nit)
 
 
 # ---------------------------------------------------------------------------------------------------
