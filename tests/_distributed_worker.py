@@ -30,6 +30,16 @@ def join(port: int, process_id: int, **kwargs) -> None:
         initialization_timeout=int(scaled(60)),
         **kwargs,
     )
+    # the test session's persistent compilation cache (tests/conftest.py), where it has one: the two-process
+    # runs of tests/test_distributed.py compile the same programs (a cache hit is the executable XLA compiled
+    # for the same HLO and options: the same bits)
+    cache = os.environ.get("SHARDVI_TEST_JAX_CACHE_DIR")
+    if cache and os.environ.get("SHARDVI_TEST_JAX_CACHE", "1") != "0":
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def main(port: int, process_id: int, out: str, strategy: str) -> None:
