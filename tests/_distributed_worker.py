@@ -33,13 +33,9 @@ def join(port: int, process_id: int, **kwargs) -> None:
     # the test session's persistent compilation cache (tests/conftest.py), where it has one: the two-process
     # runs of tests/test_distributed.py compile the same programs (a cache hit is the executable XLA compiled
     # for the same HLO and options: the same bits)
-    cache = os.environ.get("SHARDVI_TEST_JAX_CACHE_DIR")
-    if cache and os.environ.get("SHARDVI_TEST_JAX_CACHE", "1") != "0":
-        import jax
+    from _session_cache import use_session_cache
 
-        jax.config.update("jax_compilation_cache_dir", cache)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    use_session_cache()
 
 
 def main(port: int, process_id: int, out: str, strategy: str) -> None:

@@ -54,10 +54,9 @@ _OWNER = _CACHE is None
 if _OWNER:
     _CACHE = tempfile.mkdtemp(prefix="shardvi-test-jax-cache-")
     os.environ["SHARDVI_TEST_JAX_CACHE_DIR"] = _CACHE
-if os.environ.get("SHARDVI_TEST_JAX_CACHE", "1") != "0":
-    jax.config.update("jax_compilation_cache_dir", _CACHE)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+from _session_cache import use_session_cache  # noqa: E402
+
+use_session_cache()
 
 import pytest  # noqa: E402
 
