@@ -46,6 +46,18 @@ def current_rss_mib() -> float:
         return 0.0
 
 
+def device_peak_mib() -> float | None:
+    """Peak memory in use on the first JAX device so far (``memory_stats()["peak_bytes_in_use"]``) in MiB.
+
+    ``None`` on CPU and wherever the runtime keeps no such statistic.
+    """
+    import jax
+
+    dev = jax.devices()[0]
+    stats = dev.memory_stats() if dev.platform != "cpu" else None
+    return stats["peak_bytes_in_use"] / 2**20 if stats and "peak_bytes_in_use" in stats else None
+
+
 def setup_jax(x64: bool = True):
     """CPU platform and float64 (both engines), before any JAX op."""
     os.environ.setdefault("JAX_PLATFORMS", "cpu")

@@ -102,7 +102,10 @@ Engine configurations:
   ``+serial``: ``precompile=False`` (every step compiles at its first call,
   none ahead in a background thread); ``+cache``: with a warm persistent compilation cache
   (``optimize_kl(..., compilation_cache_dir=...)``; the script runs the
-  configuration once, unrecorded, to fill a fresh cache directory first).
+  configuration once, unrecorded, to fill a fresh cache directory first);
+  ``auto``: ``sample_map=kl_map="auto"``, the planner's choice (on a GPU
+  after compiling the candidates' steps, time that counts in ``first``); the
+  record's ``device_map`` holds the choice as logged.
 - NIFTy.re ``default``: ``optimize_kl`` defaults (``residual_map="lmap"``:
   Python loop over samples; Python-loop CG and Newton-CG driving jitted
   operator applications; the KL metric/gradient jitted with ``kl_map=vmap``);
@@ -130,6 +133,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -153,6 +157,7 @@ SHARDVI_CONFIGS = (
     "vmap+serial",
     "shard_map-2cpu+serial",
     "jit-2cpu",
+    "auto",
 )
 NIFTY_BASE_CONFIGS = ("default", "jit-lmap", "jit-vmap", "jit-smap", "jit-pmap-2cpu")
 #: every NIFTy.re configuration also as ``<config>+classic``: XLA:CPU's classic emitters for all its programs
@@ -199,8 +204,11 @@ def child_shardvi(args, problem, clock):
         strategy = sv.parallel.ShardMap(devices=jax.devices()[:2])
     elif base == "jit-2cpu":  # the same with GSPMD (jax.jit in/out shardings)
         strategy = sv.parallel.JitSharding(devices=jax.devices()[:2])
+    elif base == "auto":  # the planner's choice (on a GPU it compiles the candidates' steps first)
+        strategy = "auto"
     else:
         strategy = sv.parallel.Vmap() if base == "vmap" else sv.parallel.Vmap(chunk_size=None)
+    chosen = _AutoChoice() if base == "auto" else None
     s = _solver_settings(args, problem.n_latent)
     inner = sv.CGConfig(tol=0.5, miniter=s["miniter"], maxiter=s["inner_maxiter"])
     lh = problem.shardvi_likelihood()
@@ -251,7 +259,31 @@ def child_shardvi(args, problem, clock):
         compilation_cache_dir=args.cache_dir if args.config.endswith("+cache") else None,
         precompile=not args.config.endswith("+serial"),
     )
+    if chosen is not None:
+        chosen.close()
+        work[0]["device_map"] = chosen.message
     return samples.samples, work
+
+
+class _AutoChoice(logging.Handler):
+    """Keeps the message with which ``"auto"`` logs its choice (``shardvi`` logger, INFO)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.message = None
+        self.logger = logging.getLogger("shardvi")
+        self.level_before = self.logger.level
+        self.logger.setLevel(logging.INFO)
+        self.logger.addHandler(self)
+
+    def emit(self, record):
+        if "'auto' device map" in record.getMessage():
+            self.message = record.getMessage()
+
+    def close(self):
+        self.logger.removeHandler(self)
+        self.logger.setLevel(self.level_before)
+        super().close()
 
 
 def child_nifty(args, problem, clock):
@@ -417,6 +449,7 @@ def child_main(args):
         trace_lower_s=end["trace_lower_s"] - start["trace_lower_s"],
         rss_base_mib=rss_base,
         rss_peak_mib=C.peak_rss_mib(),
+        device_peak_mib=C.device_peak_mib(),
         kl=kl,
         chi2=chi2,
         kl_nit=sum(w["kl_nit"] for w in work),
@@ -425,6 +458,7 @@ def child_main(args):
         sampling_cg=None if work and work[0]["sampling_cg"] is None else sum(w["sampling_cg"] for w in work),
         engine_kl=work[-1]["engine_kl"] if work else None,
         work=work,
+        device_map=work[0].get("device_map") if work else None,
         jax=jax.__version__,
     )
     print(json.dumps(rec), flush=True)
@@ -511,6 +545,7 @@ SUMMARY_KEYS = (
     "trace_lower_s",
     "rss_base_mib",
     "rss_peak_mib",
+    "device_peak_mib",
     "kl",
     "chi2",
     "kl_nit",
@@ -628,6 +663,8 @@ def main(argv=None):
                     "iter_median_s",
                     "compile_s",
                     "rss_peak_mib",
+                    "device_peak_mib",
+                    "device_map",
                     "kl",
                     "chi2",
                     "error",

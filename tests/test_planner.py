@@ -65,6 +65,40 @@ def test_a_memory_limit_excludes_what_does_not_fit(four_device_plan):
     assert chosen.label == "ShardMap x4 chunk 4" and "bitwise equal to runs with the same per-device chunk" in reason
 
 
+def test_auto_on_an_accelerator_compiles_candidates_in_order_of_preference_until_one_fits(problem, four_device_plan):
+    from shardvi.vi.planner import _plan, _recommend
+    from shardvi.vi.settings import DEFAULT_KL_MINIMIZATION, DEFAULT_LINEAR_SAMPLING, DEFAULT_NONLINEAR_UPDATE
+
+    configs = (DEFAULT_LINEAR_SAMPLING, DEFAULT_NONLINEAR_UPDATE, DEFAULT_KL_MINIMIZATION)
+    cands = four_device_plan.candidates
+
+    def first_fit(limit):
+        return _plan(
+            problem.likelihood,
+            problem.position,
+            8,
+            DEVICES,
+            limit,
+            "linear_resample",
+            True,
+            configs,
+            False,
+            first_fit=True,
+            gpu=True,
+        )
+
+    preferred, _ = _recommend(cands, None, "gpu")
+    p = first_fit(10 * max(c.peak for c in cands))  # everything fits: the preferred candidate alone is compiled
+    assert [c.label for c in p.candidates] == [preferred.label] and p.choice == preferred.strategy
+    assert p.candidates[0].peak == preferred.peak
+    limit = int(preferred.peak / 0.9) - 1  # the preferred one no longer fits
+    expected, _ = _recommend(cands, limit, "gpu")
+    p = first_fit(limit)
+    assert expected.label != preferred.label
+    assert p.choice == expected.strategy and p.candidates[-1].label == expected.label
+    assert len(p.candidates) < len(cands)  # the less preferred ones were never compiled
+
+
 def _run(problem, **kw):
     return sv.optimize_kl(
         problem.likelihood,

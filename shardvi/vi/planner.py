@@ -16,6 +16,7 @@ and data a run keeps on one device, against the device's memory.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import math
@@ -174,6 +175,19 @@ def _analysis(compiled) -> tuple[int, int]:
     return int(total), int(m.temp_size_in_bytes)
 
 
+def _compile_all(lowered: dict) -> dict:
+    """``{name: _analysis(compiled)}`` of lowered steps, compiled side by side (XLA releases the GIL).
+
+    The lowering (which runs the user's model code) happened in the calling
+    thread; only the compilations run in worker threads, all joined here.
+    """
+    if len(lowered) == 1:
+        return {k: _analysis(low.compile()) for k, low in lowered.items()}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(lowered), thread_name_prefix="shardvi-plan") as pool:
+        futures = {k: pool.submit(low.compile) for k, low in lowered.items()}
+        return {k: _analysis(f.result()) for k, f in futures.items()}
+
+
 def _stand_in(strategy, tree):
     """``ShapeDtypeStruct``\\ s of ``tree`` placed as the strategy places latents (no array is made)."""
     leaves = jtu.tree_leaves(tree)
@@ -207,18 +221,15 @@ def _measure_candidate(
     field_split = getattr(likelihood, "field_split", False)
     # a field split's grid leaves are wrapped for the model axis: real (zero) stand-ins, placed as in a run
     zeros = jtu.tree_map(lambda s: np.zeros(s.shape, s.dtype), residuals) if field_split else None
-    steps, temps = {}, {}
-    draw = opt._draw_linear.lower(opt._split(pos), keys, config=lin).compile()
-    steps["draw"], temps["draw"] = _analysis(draw)
-
+    lowered = {"draw": opt._draw_linear.lower(opt._split(pos), keys, config=lin)}
     if parse_sample_mode(mode).nonlinear:
         if field_split:
-            low = opt._curve.lower(
+            lowered["curve"] = opt._curve.lower(
                 opt._split(pos), opt._split(zeros), np.zeros((m, 2), np.uint32), opt._signs(n_samples), config=nonlin
             )
         else:
             sstrat = opt.sample_strategy
-            low = opt._curve.step.__wrapped__.lower(
+            lowered["curve"] = opt._curve.step.__wrapped__.lower(
                 opt._curve.likelihood,
                 place(sstrat, pos),
                 _stand_in(sstrat, residuals),
@@ -226,15 +237,16 @@ def _measure_candidate(
                 place(sstrat, opt._signs(n_samples)),
                 config=nonlin,
             )
-        steps["curve"], temps["curve"] = _analysis(low.compile())
     if field_split:
-        kl = opt._minimize.lower(opt._split(pos, True), opt._split(zeros, True), config=klc).compile()
+        lowered["kl"] = opt._minimize.lower(opt._split(pos, True), opt._split(zeros, True), config=klc)
     else:
         kstrat = opt.kl_strategy
-        kl = opt._minimize.step.__wrapped__.lower(
+        lowered["kl"] = opt._minimize.step.__wrapped__.lower(
             opt._minimize.likelihood, place(kstrat, pos), _stand_in(kstrat, residuals), config=klc
-        ).compile()
-    steps["kl"], temps["kl"] = _analysis(kl)
+        )
+    analyses = _compile_all(lowered)
+    steps = {k: a[0] for k, a in analyses.items()}
+    temps = {k: a[1] for k, a in analyses.items()}
     # the previous iteration's samples, on every device for the KL step (a split field's grid leaves: its rows)
     shards = getattr(strategy, "model_shards", 1) or 1
     split = likelihood.latent_split if field_split else jtu.tree_map(lambda _: False, residuals)
@@ -302,6 +314,26 @@ def plan(
         chunk on the most devices, on CPU chunk 1 on the most devices — and,
         where nothing fits, the one that needs the least memory.
     """
+    return _plan(
+        likelihood,
+        position,
+        n_samples,
+        devices,
+        memory_limit,
+        sample_mode,
+        mirror_samples,
+        (linear_sampling, nonlinear_update, kl_minimization),
+        measure,
+        first_fit=False,
+    )
+
+
+def _plan(
+    likelihood, position, n_samples, devices, memory_limit, sample_mode, mirror, configs, measure, first_fit, gpu=None
+):
+    """:func:`plan`; ``first_fit``: on an accelerator, measure the candidates in the order of preference and stop
+    at the first that fits (the choice is the same, the table holds only the candidates measured). ``gpu``
+    overrides whether the devices count as an accelerator (default: any platform other than CPU)."""
     if not isinstance(likelihood, Likelihood):
         raise TypeError(f"likelihood must be a shardvi Likelihood, got {type(likelihood).__name__}")
     n_samples = _positive_int(n_samples, "n_samples")
@@ -311,30 +343,40 @@ def plan(
     devs = check_devices(devices, "devices") or tuple(jax.devices())
     limit, source = device_memory_limit(devs, memory_limit)
     pos = jtu.tree_map(lambda x, d: jnp.asarray(x, d.dtype), position, likelihood.domain)
-    cands = []
     across = any(is_global(x) for x in jtu.tree_leaves((likelihood, position)))
-    for strategy, label in _candidates(likelihood, devs, n_samples, mirror_samples, across):
-        cands.append(
-            _measure_candidate(
-                likelihood,
-                pos,
-                strategy,
-                label,
-                n_samples,
-                sample_mode,
-                linear_sampling,
-                nonlinear_update,
-                kl_minimization,
-                mirror_samples,
-                measure,
-            )
+    todo = _candidates(likelihood, devs, n_samples, mirror, across)
+    gpu = devs[0].platform != "cpu" if gpu is None else gpu
+    if first_fit and gpu:
+        todo.sort(key=lambda c: _accelerator_preference(c[0]), reverse=True)
+    lin, nonlin, klc = configs
+    cands = []
+    for strategy, label in todo:
+        cand = _measure_candidate(
+            likelihood, pos, strategy, label, n_samples, sample_mode, lin, nonlin, klc, mirror, measure
         )
-    choice, reason = _recommend(cands, limit, devs[0].platform)
+        cands.append(cand)
+        if first_fit and gpu and _fits(cand, limit):
+            break
+    choice, reason = _recommend(cands, limit, "gpu" if gpu else "cpu")
     return Plan(tuple(cands), choice.strategy, reason, limit, source, n_samples)
 
 
+def _fits(cand: Candidate, limit: int | None) -> bool:
+    return limit is None or cand.peak <= _HEADROOM * limit
+
+
+def _devices_used(strategy) -> int:
+    return len(strategy.devices) if getattr(strategy, "devices", None) else 1
+
+
+def _accelerator_preference(strategy) -> tuple:
+    """Larger is better on a GPU: the most devices, the largest chunk, the fewest model shards."""
+    chunk = math.inf if strategy.chunk_size is None else strategy.chunk_size
+    return (_devices_used(strategy), chunk, -(getattr(strategy, "model_shards", 1) or 1))
+
+
 def _recommend(cands, limit, platform) -> tuple[Candidate, str]:
-    fits = [c for c in cands if limit is None or c.peak <= _HEADROOM * limit]
+    fits = [c for c in cands if _fits(c, limit)]
     gpu = platform != "cpu"
     if not fits:
         best = min(cands, key=lambda c: c.peak)
@@ -344,16 +386,8 @@ def _recommend(cands, limit, platform) -> tuple[Candidate, str]:
             "data_blocks / field_blocks, more model shards."
         )
 
-    def devices_used(c):
-        s = c.strategy
-        return len(s.devices) if getattr(s, "devices", None) else 1
-
-    def chunk(c):
-        ck = c.strategy.chunk_size
-        return math.inf if ck is None else ck
-
     if gpu:  # all samples at once where they fit: a GPU idles on one sample at a time
-        best = max(fits, key=lambda c: (devices_used(c), chunk(c), -getattr(c.strategy, "model_shards", 1)))
+        best = max(fits, key=lambda c: _accelerator_preference(c.strategy))
         why = (
             f"{best.label}: the most devices and the largest chunk that fit ({format_bytes(best.peak)} of "
             f"{format_bytes(limit) if limit else 'unknown'} per device); a GPU runs a whole chunk of samples in "
@@ -361,12 +395,12 @@ def _recommend(cands, limit, platform) -> tuple[Candidate, str]:
             "comparison across device counts pass an explicit strategy with a fixed chunk_size."
         )
     else:  # CPU: one sample at a time per device (as fast as larger chunks, less memory, bitwise across counts)
-        ones = [c for c in fits if chunk(c) == 1] or fits
-        best = max(ones, key=lambda c: (devices_used(c), -getattr(c.strategy, "model_shards", 1)))
+        ones = [c for c in fits if c.strategy.chunk_size == 1] or fits
+        best = max(ones, key=lambda c: (_devices_used(c.strategy), -(getattr(c.strategy, "model_shards", 1) or 1)))
         why = (
             f"{best.label}: on CPU a chunk of one sample per device is as fast as larger chunks and needs the "
             f"least memory ({format_bytes(best.peak)} per device); the samples are spread over "
-            f"{devices_used(best)} device(s), bitwise equal to any other device count with chunk 1."
+            f"{_devices_used(best.strategy)} device(s), bitwise equal to any other device count with chunk 1."
         )
     if best.seconds is not None:
         fastest = min((c for c in fits if c.seconds is not None), key=lambda c: c.seconds)
@@ -376,9 +410,24 @@ def _recommend(cands, limit, platform) -> tuple[Candidate, str]:
     return best, why
 
 
-def choose_strategy(likelihood, position, *, n_samples: int, devices=None, memory_limit=None, **settings):
-    """The strategy ``"auto"`` stands for: on CPU without a compile (chunk 1 on all devices, or one device),
-    elsewhere :func:`plan`'s choice. Logged at INFO level."""
+def choose_strategy(
+    likelihood,
+    position,
+    *,
+    n_samples: int,
+    devices=None,
+    memory_limit=None,
+    mirror_samples: bool = True,
+    sample_mode: str = "nonlinear_resample",
+):
+    """The strategy ``"auto"`` stands for, logged at INFO level.
+
+    On CPU without a compile: chunk 1 on all devices (or one device). On an
+    accelerator :func:`plan`'s choice, found by compiling the candidates in
+    the order of preference (most devices, largest chunk, fewest model
+    shards) and stopping at the first that fits: usually one candidate's
+    steps, compiled once more by the run itself.
+    """
     devs = check_devices(devices, "devices") or tuple(jax.devices())
     if devs[0].platform == "cpu":
         blocks = _model_blocks(likelihood)
@@ -389,7 +438,19 @@ def choose_strategy(likelihood, position, *, n_samples: int, devices=None, memor
             strategy = ShardMap(devices=devs, chunk_size=1, model_shards=k)
         reason = f"on CPU: chunk 1 on {len(devs)} device(s)" + (f", {k} model shards" if k > 1 else "")
     else:
-        p = plan(likelihood, position, n_samples=n_samples, devices=devs, memory_limit=memory_limit, **settings)
+        configs = (DEFAULT_LINEAR_SAMPLING, DEFAULT_NONLINEAR_UPDATE, DEFAULT_KL_MINIMIZATION)
+        p = _plan(
+            likelihood,
+            position,
+            n_samples,
+            devs,
+            memory_limit,
+            sample_mode,
+            mirror_samples,
+            configs,
+            measure=False,
+            first_fit=True,
+        )
         strategy, reason = p.choice, p.reason
     logger.info("'auto' device map: %r (%s)", strategy, reason)
     return strategy
