@@ -11,7 +11,7 @@ from jax import tree_util as jtu
 from jax.sharding import NamedSharding
 
 from .._xla_flags import warn_if_unordered
-from .blocks import blocked_nodes, is_field_split, model_specs
+from .blocks import is_blocked, is_field_split, model_specs
 from .field_arrays import is_global
 from .grid import MeshSlab, is_mesh_slab
 from .mesh import (
@@ -170,21 +170,9 @@ class MultiDevice(Strategy):
     def check_blocks(self, tree) -> None:
         """``ValueError`` unless ``model_shards`` divides the block count of every blocked likelihood in ``tree``
         (data blocks, or the field blocks of a likelihood amended with ``field_blocks``)."""
-        split = [n for n in jtu.tree_leaves(tree, is_leaf=is_field_split) if is_field_split(n)]
-        for node in split:
-            if node.n_blocks % self.model_shards:
-                raise ValueError(
-                    f"model_shards={self.model_shards} does not divide field_blocks={node.n_blocks}: every "
-                    f"model shard holds the same number of whole blocks of grid rows (amend with a multiple "
-                    f"of {self.model_shards}, or use model_shards dividing {node.n_blocks})"
-                )
-        for node in blocked_nodes(tree):
-            if node.n_blocks % self.model_shards:
-                raise ValueError(
-                    f"model_shards={self.model_shards} does not divide data_blocks={node.n_blocks}: every "
-                    f"model shard holds the same number of whole data blocks (amend with a multiple of "
-                    f"{self.model_shards}, or use model_shards dividing {node.n_blocks})"
-                )
+        for node in jtu.tree_leaves(tree, is_leaf=_is_layout_node):
+            if _is_layout_node(node):
+                node.layout.check_model_shards(self.model_shards)
 
     def _splits_rows(self, args) -> bool:
         """Whether ``args`` hold a field split over the model axis (its outputs' ``Slab`` leaves stay split)."""
@@ -213,6 +201,10 @@ class MultiDevice(Strategy):
             return jax.lax.with_sharding_constraint(x, replicated(self.mesh))
 
         return jtu.tree_map(one, out, is_leaf=is_mesh_slab)
+
+
+def _is_layout_node(node) -> bool:
+    return is_blocked(node) or is_field_split(node)
 
 
 def _is_split_field(node) -> bool:

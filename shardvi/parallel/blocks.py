@@ -44,7 +44,6 @@ __all__ = [
     "block_map",
     "block_sum",
     "is_blocked",
-    "blocked_nodes",
     "model_specs",
 ]
 
@@ -109,19 +108,22 @@ def block_sum(fn: Callable, blocks, *broadcast):
     return ordered_sum(gathered)
 
 
+def _node_layout(node):
+    """A likelihood's :class:`~shardvi.vi.layout.Layout` (``None`` for any other node)."""
+    layout = getattr(node, "layout", None)
+    return layout if hasattr(layout, "model_blocks") else None
+
+
 def is_blocked(node) -> bool:
     """Whether ``node`` holds data blocks a model axis splits (a likelihood amended with ``data_blocks``)."""
-    return getattr(node, "blocked", False) is True and hasattr(node, "blocks")
-
-
-def blocked_nodes(tree) -> list:
-    """The blocked likelihoods in ``tree``."""
-    return [n for n in jtu.tree_leaves(tree, is_leaf=is_blocked) if is_blocked(n)]
+    layout = _node_layout(node)
+    return layout is not None and layout.splits_data is True and hasattr(node, "blocks")
 
 
 def is_field_split(node) -> bool:
     """Whether ``node`` is a likelihood amended with ``field_blocks`` (its grid rows a model axis splits)."""
-    return getattr(node, "field_split", False) is True
+    layout = _node_layout(node)
+    return layout is not None and layout.splits_latent is True
 
 
 def _is_split_node(node) -> bool:

@@ -28,8 +28,10 @@ above); ``jax.grad`` of :meth:`BlockedLikelihood.energy` is not supported.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -39,16 +41,42 @@ from jax import tree_util as jtu
 from .. import tree_math as tm
 from ..models.model import Model
 from ..parallel.blocks import block_sum
-from .diagnostics import _real_dof
-from .likelihood import (
-    AmendedLikelihood,
-    Likelihood,
-    _check_model_matches_data,
-    pulled_back_transformation_at,
-    register_blocked_class,
-)
+from .diagnostics import _real_dof, chi2_sums
+from .layout import WHOLE, Layout
+from .likelihood import AmendedLikelihood, Likelihood, _check_model_matches_data, pulled_back_transformation_at
+from .samples import Samples
 
-__all__ = ["BlockedLikelihood", "assemble_process_blocks"]
+__all__ = ["BlockedLikelihood", "DataBlocks", "assemble_process_blocks"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DataBlocks(Layout):
+    """The data axis cut into ``n_blocks`` blocks (``amend(model, data_blocks=B)``); the latent stays whole.
+
+    Latent-space operators are the likelihood's own sums over blocks (not
+    differentiated by JAX); a model axis splits the blocks over devices.
+    """
+
+    name: ClassVar[str] = "data blocks"
+    argument: ClassVar[str] = "data_blocks"
+    splits_data: ClassVar[bool] = True
+
+    @classmethod
+    def amend(cls, likelihood, model, n_blocks):
+        return BlockedLikelihood(likelihood, model, n_blocks)
+
+    def hamiltonian_and_grad(self, likelihood, xi):
+        e, g = likelihood.energy_and_grad(xi)
+        return e + 0.5 * tm.vdot(xi, xi), tm.add(g, xi)
+
+    def chi2_sums(self, likelihood, pos, residuals, strategy):
+        if not likelihood.has_chi2_sum:
+            return WHOLE.chi2_sums(likelihood, pos, residuals, strategy)
+        # each sample's chi^2 summed over the blocks where they are (the strategy's model axis)
+        samples = Samples(pos, residuals)
+        per_sample = strategy.map(lambda lik, x: lik.chi2_sum(x)[0], (None, 0))(likelihood, samples.samples)
+        n = jtu.tree_leaves(samples.samples)[0].shape[0]
+        return (jnp.sum(per_sample), n * likelihood.chi2_sum_dof), chi2_sums(samples)[1]
 
 
 def _data_leaf(x, n: int, what: str):
@@ -167,12 +195,10 @@ class BlockedLikelihood(Likelihood):
         The shapes of the whole data (``likelihood.domain``).
     """
 
-    blocked = True
-
     def __init__(self, likelihood: Likelihood, model, data_blocks):
         if not isinstance(likelihood, Likelihood):
             raise TypeError(f"likelihood must be a shardvi Likelihood, got {type(likelihood).__name__}")
-        if likelihood.blocked or isinstance(likelihood, AmendedLikelihood):
+        if likelihood.layout != WHOLE or isinstance(likelihood, AmendedLikelihood):
             raise TypeError("amend a data-space likelihood (e.g. sv.Gaussian(...)), not one already amended")
         if not isinstance(model, Model):
             raise TypeError(f"model must be a shardvi.Model, got {type(model).__name__}")
@@ -249,6 +275,11 @@ class BlockedLikelihood(Likelihood):
             f"BlockedLikelihood({self._likelihood_type}, {self.n_data} data in {self.n_blocks} blocks of "
             f"{self.block_size}{f' ({pad} padding)' if pad else ''}, model={self.model!r})"
         )
+
+    @property
+    def layout(self) -> DataBlocks:
+        """The data cut into ``n_blocks`` blocks."""
+        return DataBlocks(self.n_blocks)
 
     @property
     def padded(self) -> bool:
@@ -507,6 +538,3 @@ def assemble_process_blocks(local: BlockedLikelihood, strategy) -> BlockedLikeli
         data_domain=jtu.tree_map(whole, local.data_domain),
         lsm_tangents_shape=None if lsm is None else jtu.tree_map(whole, lsm),
     )
-
-
-register_blocked_class(BlockedLikelihood)

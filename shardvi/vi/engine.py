@@ -441,7 +441,7 @@ class OptimizeVI:
 
     def _place_samples(self, samples: Samples) -> Samples:
         """``samples`` placed for the KL strategy (a field split's grid rows kept split over its model axis)."""
-        if not getattr(self.likelihood, "field_split", False):
+        if not self.likelihood.layout.splits_latent:
             return place(self.kl_strategy, samples)
         kstrat = self.kl_strategy
         pos, res = (slab_values(place(kstrat, self._split(t, True))) for t in (samples.pos, samples.residuals))
@@ -490,7 +490,7 @@ class OptimizeVI:
         if self._row_check_pending:  # a field split over a model axis: before any sampling
             self._row_check_pending = False
             for strat in self._strategies:
-                if getattr(self.likelihood, "field_split", False) and getattr(strat, "model_shards", 1) > 1:
+                if self.likelihood.layout.needs_row_check(getattr(strat, "model_shards", 1)):
                     self._stage("checking the model's rows")
                     check_row_local(self.likelihood, strat, samples.pos)
         mode, n, lin, nonlin, klc = self._settings(nit)

@@ -121,8 +121,7 @@ class EvidenceLowerBound(NamedTuple):
 def _check(lh, samples) -> None:
     if not isinstance(lh, Likelihood):
         raise TypeError(f"likelihood must be a shardvi Likelihood, got {type(lh).__name__}")
-    if getattr(lh, "field_split", False):
-        raise NotImplementedError("estimate_evidence_lower_bound does not take a field-split likelihood yet")
+    lh.layout.require("estimate_evidence_lower_bound")
     if not isinstance(samples, Samples):
         raise TypeError(f"samples must be a shardvi Samples (from optimize_kl), got {type(samples).__name__}")
     if len(samples) == 0:

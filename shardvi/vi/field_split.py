@@ -34,9 +34,11 @@ axis) the slab is the whole grid.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import warnings
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -61,9 +63,58 @@ from ..parallel.grid import (
     local_rows,
 )
 from ..parallel.strategy import ordered_sum
-from .likelihood import AmendedLikelihood, Likelihood, register_field_split_class
+from .layout import WHOLE, Layout
+from .likelihood import AmendedLikelihood, Likelihood
 
-__all__ = ["FieldSplitLikelihood", "per_device", "whole", "split_latent", "field_split_chi2_sums", "one_zero_residual"]
+__all__ = [
+    "FieldRows",
+    "FieldSplitLikelihood",
+    "per_device",
+    "whole",
+    "split_latent",
+    "field_split_chi2_sums",
+    "one_zero_residual",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldRows(Layout):
+    """The data and the field's grid cut into ``n_blocks`` blocks of rows (``amend(model, field_blocks=B)``).
+
+    Attributes
+    ----------
+    grid_shapes : frozenset of tuple
+        The shapes of the grid: latent leaves of one of these shapes have their
+        rows split with the data's.
+    """
+
+    grid_shapes: frozenset = frozenset()
+
+    name: ClassVar[str] = "blocks of grid rows"
+    argument: ClassVar[str] = "field_blocks"
+    splits_latent: ClassVar[bool] = True
+
+    @classmethod
+    def amend(cls, likelihood, model, n_blocks):
+        return FieldSplitLikelihood(likelihood, model, n_blocks)
+
+    def latent_split(self, domain):
+        return jtu.tree_map(lambda d: tuple(d.shape) in self.grid_shapes, domain)
+
+    def require(self, what: str) -> None:
+        raise NotImplementedError(
+            f"{what} does not take a likelihood amended with field_blocks yet: amend it without field_blocks "
+            "(or, for data that need not be on the grid, with data_blocks)"
+        )
+
+    def needs_row_check(self, model_shards: int) -> bool:
+        return model_shards > 1
+
+    def hamiltonian_and_grad(self, likelihood, xi):
+        return WHOLE.hamiltonian_and_grad(likelihood, xi)  # per device, on the device's view and slabs
+
+    def chi2_sums(self, likelihood, pos, residuals, strategy):
+        return field_split_chi2_sums(likelihood, pos, residuals, strategy)
 
 
 def _grid_rows(likelihood: Likelihood) -> int:
@@ -100,9 +151,6 @@ class FieldSplitLikelihood(AmendedLikelihood):
         must divide it.
     """
 
-    #: marks a likelihood whose grid rows a strategy's model axis splits (checked against ``model_shards``)
-    field_split = True
-
     def __init__(self, likelihood: Likelihood, model, field_blocks: int):
         super().__init__(likelihood, model)
         if isinstance(field_blocks, bool) or not isinstance(field_blocks, (int, np.integer)) or field_blocks < 1:
@@ -133,14 +181,20 @@ class FieldSplitLikelihood(AmendedLikelihood):
         self.grid_rows = rows
         # static: which of the likelihood's leaves hold the grid's rows (split over a model axis with the field)
         self.data_split = tuple(np.ndim(a) >= 1 and np.shape(a)[0] == rows for a in jtu.tree_leaves(likelihood))
+        self.grid_shapes = frozenset(grid)
         # static: which latent leaves are split with the data (those with a data grid's shape)
-        self.latent_split = jtu.tree_map(lambda d: tuple(d.shape) in grid, model.domain)
+        self.latent_split = self.layout.latent_split(model.domain)
         # static: which of the model's leaves hold the grid's rows and are read row by row (a correlated
         # field's power index): split over a model axis like the data (no whole copy on every device)
         self.model_split = _row_local_model_leaves(model, grid)
 
-    def layout(self) -> GridLayout:
-        """The layout being traced under: the strategy's model axis, or all blocks local."""
+    @property
+    def layout(self) -> FieldRows:
+        """The data and the grid cut into ``n_blocks`` blocks of rows."""
+        return FieldRows(self.n_blocks, self.grid_shapes)
+
+    def grid_layout(self) -> GridLayout:
+        """The grid's layout being traced under: the strategy's model axis, or all blocks local."""
         axis = current_model_axis()
         if axis is None or axis.size == 1:
             return GridLayout(self.n_blocks)
@@ -164,7 +218,7 @@ class FieldSplitLikelihood(AmendedLikelihood):
 
     def per_device(self, layout: GridLayout | None = None) -> _DeviceView:
         """The likelihood as one device of the model axis sees it (latent with ``Slab`` leaves)."""
-        return _DeviceView(self, self.layout() if layout is None else layout)
+        return _DeviceView(self, self.grid_layout() if layout is None else layout)
 
     # whole latent arrays in and out (the per-device view inside)
     def energy(self, xi):
@@ -215,9 +269,6 @@ class FieldSplitLikelihood(AmendedLikelihood):
     def normalized_residual(self, xi):
         v = self.per_device()
         return self._to_data(whole(v.normalized_residual(v.local(xi))))
-
-
-register_field_split_class(FieldSplitLikelihood)
 
 
 class _DeviceView(AmendedLikelihood):

@@ -8,14 +8,10 @@ from .. import tree_math as tm
 from ..parallel.grid import is_slab, unsplit
 from ..parallel.strategy import map_mean
 from .field_split import one_zero_residual, per_device
+from .layout import hamiltonian
 from .likelihood import Likelihood
 
 __all__ = ["hamiltonian", "hamiltonian_metric", "hamiltonian_metric_operator", "kl_value_and_grad", "kl_metric"]
-
-
-def hamiltonian(lh: Likelihood, xi):
-    """``H(xi) = H_lh(xi) + xi.xi / 2`` (latent prior N(0, I))."""
-    return lh.energy(xi) + 0.5 * tm.vdot(xi, xi)
 
 
 def hamiltonian_metric(lh: Likelihood, xi, t):
@@ -35,10 +31,9 @@ def kl_value_and_grad(lh: Likelihood, pos, residuals, strategy):
     ``residuals`` has a leading sample axis; with zero samples this is the MAP
     objective ``H(pos)``.
     """
-    vg = _blocked_value_and_grad if lh.blocked else jax.value_and_grad(hamiltonian, argnums=1)
-    split = getattr(lh, "field_split", False)
+    vg = lh.layout.hamiltonian_and_grad
     if _n(residuals) == 0:
-        if not split:
+        if not lh.layout.splits_latent:
             return vg(lh, pos)
         residuals = one_zero_residual(pos)  # mean over one zero residual: H(pos), evaluated per device
 
@@ -53,7 +48,7 @@ def kl_value_and_grad(lh: Likelihood, pos, residuals, strategy):
 def kl_metric(lh: Likelihood, pos, residuals, tangent, strategy):
     """Sample-averaged metric ``mean_i M(pos + r_i) t``."""
     if _n(residuals) == 0:
-        if not getattr(lh, "field_split", False):
+        if not lh.layout.splits_latent:
             return hamiltonian_metric(lh, pos, tangent)
         residuals = one_zero_residual(pos)
 
@@ -62,12 +57,6 @@ def kl_metric(lh: Likelihood, pos, residuals, tangent, strategy):
         return hamiltonian_metric(lik, tm.add(p, r), t)
 
     return _like(pos, map_mean(strategy, one, (None, None, 0, None))(lh, pos, residuals, tangent))
-
-
-def _blocked_value_and_grad(lh, xi):
-    """``H`` and its gradient from a blocked likelihood's own ``energy_and_grad`` (its sums are not differentiated)."""
-    e, g = lh.energy_and_grad(xi)
-    return e + 0.5 * tm.vdot(xi, xi), tm.add(g, xi)
 
 
 def _like(pos, out):

@@ -19,6 +19,7 @@ from jax import tree_util as jtu
 from .. import tree_math as tm
 from ..models.model import Model, normalize_domain
 from ..module import Module
+from .layout import WHOLE, Layout
 
 __all__ = ["AmendedLikelihood", "FunctionLikelihood", "Likelihood", "SumLikelihood"]
 
@@ -80,27 +81,6 @@ def pulled_back_transformation_at(likelihood, signal_bar: Callable) -> Callable:
 def _inherits(obj, cls, *names: str) -> bool:
     """Whether ``type(obj)`` takes every method in ``names`` from ``cls`` (a subclass overrides none of them)."""
     return all(getattr(type(obj), n) is getattr(cls, n) for n in names)
-
-
-#: the class ``amend(model, data_blocks=...)`` builds; :mod:`shardvi.vi.blocked` (which imports this module)
-#: registers :class:`~shardvi.vi.blocked.BlockedLikelihood` with :func:`register_blocked_class`
-_BLOCKED_CLASS = None
-
-
-def register_blocked_class(cls) -> None:
-    """Set the class :meth:`Likelihood.amend` builds for ``data_blocks`` (a ``Likelihood`` subclass)."""
-    global _BLOCKED_CLASS
-    _BLOCKED_CLASS = cls
-
-
-#: the class ``amend(model, field_blocks=...)`` builds; :mod:`shardvi.vi.field_split` registers it
-_FIELD_SPLIT_CLASS = None
-
-
-def register_field_split_class(cls) -> None:
-    """Set the class :meth:`Likelihood.amend` builds for ``field_blocks`` (a ``Likelihood`` subclass)."""
-    global _FIELD_SPLIT_CLASS
-    _FIELD_SPLIT_CLASS = cls
 
 
 class _Opaque:
@@ -174,9 +154,13 @@ class Likelihood(Module):
             raise ValueError("lsm_tangents_shape is required with an explicit left_sqrt_metric and no transformation")
         self.lsm_tangents_shape = lsm_tangents_shape
 
-    #: ``True`` for a likelihood whose data are cut into blocks (``amend(model, data_blocks=...)``): its latent-space
-    #: operators are sums over blocks that the engine calls instead of differentiating its energy
-    blocked: bool = False
+    @property
+    def layout(self) -> Layout:
+        """How this likelihood is cut over a device map's model axis (:mod:`shardvi.vi.layout`).
+
+        :data:`~shardvi.vi.layout.WHOLE` unless amended with ``data_blocks`` or ``field_blocks``.
+        """
+        return WHOLE
 
     #: Set ``True`` in a subclass whose explicit :meth:`left_sqrt_metric` is ``(dT/ds)^T e``, the transpose of the
     #: transformation's linearization (e.g. a transformation ``T(s) = W s`` with a self-adjoint ``W`` and square
@@ -305,8 +289,9 @@ class Likelihood(Module):
         dtypes, leaf by leaf (else ``TypeError``: nothing is cast implicitly).
 
         ``data_blocks=B`` cuts the data axis into ``B`` fixed blocks (model
-        parallelism): ``model`` must be built with ``data_inputs``, ``B`` must
-        divide the number of data, and energies, gradients and metric
+        parallelism): ``model`` must be built with ``data_inputs``; where ``B``
+        does not divide the number of data the last block is padded with inert
+        data (they change no sum). Energies, gradients and metric
         applications become sums over blocks in a fixed order, which a strategy
         with ``model_shards`` dividing ``B`` splits over devices with bitwise
         the results of one device (:class:`~shardvi.vi.blocked.BlockedLikelihood`).
@@ -320,14 +305,9 @@ class Likelihood(Module):
         """
         if data_blocks is not None and field_blocks is not None:
             raise ValueError("give data_blocks (split the data) or field_blocks (split data and field), not both")
-        if field_blocks is not None:
-            if _FIELD_SPLIT_CLASS is None:  # pragma: no cover -- shardvi.vi imports shardvi.vi.field_split
-                raise RuntimeError("internal: shardvi.vi.field_split was not imported")
-            return _FIELD_SPLIT_CLASS(self, model, field_blocks)
-        if data_blocks is not None:
-            if _BLOCKED_CLASS is None:  # pragma: no cover -- shardvi.vi imports shardvi.vi.blocked
-                raise RuntimeError("internal: shardvi.vi.blocked was not imported")
-            return _BLOCKED_CLASS(self, model, data_blocks)
+        for argument, n_blocks in (("field_blocks", field_blocks), ("data_blocks", data_blocks)):
+            if n_blocks is not None:  # the layout that argument names builds the cut likelihood
+                return Layout.for_argument(argument).amend(self, model, n_blocks)
         return AmendedLikelihood(self, model)
 
     def __add__(self, other: Likelihood) -> SumLikelihood:
@@ -536,10 +516,10 @@ class SumLikelihood(Likelihood):
     def __init__(self, a: Likelihood, b: Likelihood):
         if not isinstance(a, Likelihood) or not isinstance(b, Likelihood):
             raise TypeError(f"both terms must be shardvi Likelihoods, got {type(a).__name__} and {type(b).__name__}")
-        if a.blocked or b.blocked:
+        if a.layout != WHOLE or b.layout != WHOLE:
             raise TypeError(
-                "a likelihood amended with data_blocks cannot be added to another one: put all data of a "
-                "blocked likelihood into one likelihood (one data axis), or amend without data_blocks"
+                "a likelihood amended with data_blocks or field_blocks cannot be added to another one: put all "
+                "data of a split likelihood into one likelihood (one data axis or grid), or amend without blocks"
             )
         if _shape_tree(a.domain) == _shape_tree(b.domain):
             domain, keys_a, keys_b = a.domain, None, None
@@ -645,7 +625,7 @@ class SumLikelihood(Likelihood):
 
 def amend_hint(likelihood) -> str:
     """A hint for a position that does not fit ``likelihood``: where it was never amended with its model."""
-    if isinstance(likelihood, (AmendedLikelihood, SumLikelihood)) or likelihood.blocked:
+    if isinstance(likelihood, (AmendedLikelihood, SumLikelihood)) or likelihood.layout != WHOLE:
         return ""
     return (
         f". The {type(likelihood).__name__} is on the data space (it takes the model's output): amend it with "

@@ -126,9 +126,7 @@ class Plan:
 
 def _model_blocks(likelihood) -> int | None:
     """The data or field blocks a model axis can split, ``None`` for a likelihood that has none."""
-    if getattr(likelihood, "blocked", False) or getattr(likelihood, "field_split", False):
-        return int(likelihood.n_blocks)
-    return None
+    return likelihood.layout.model_blocks
 
 
 def _divisors(n: int) -> list:
@@ -218,7 +216,7 @@ def _measure_candidate(
     key_shape = (n_samples, 2)
     keys = np.zeros(key_shape, np.uint32)
     residuals = jtu.tree_map(lambda p: jax.ShapeDtypeStruct((m, *np.shape(p)), jnp.result_type(p)), pos)
-    field_split = getattr(likelihood, "field_split", False)
+    field_split = likelihood.layout.splits_latent
     # a field split's grid leaves are wrapped for the model axis: real (zero) stand-ins, placed as in a run
     zeros = jtu.tree_map(lambda s: np.zeros(s.shape, s.dtype), residuals) if field_split else None
     lowered = {"draw": opt._draw_linear.lower(opt._split(pos), keys, config=lin)}
@@ -249,7 +247,7 @@ def _measure_candidate(
     temps = {k: a[1] for k, a in analyses.items()}
     # the previous iteration's samples, on every device for the KL step (a split field's grid leaves: its rows)
     shards = getattr(strategy, "model_shards", 1) or 1
-    split = likelihood.latent_split if field_split else jtu.tree_map(lambda _: False, residuals)
+    split = likelihood.layout.latent_split(likelihood.domain)
     resident = sum(
         tree_bytes(r) // (shards if s else 1) for r, s in zip(jtu.tree_leaves(residuals), jtu.tree_leaves(split))
     )

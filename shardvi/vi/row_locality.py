@@ -51,7 +51,7 @@ def check_row_local(likelihood, strategy, pos, *, seed: int = 0) -> None:
     without a model axis, or data split over processes (the whole field
     cannot be evaluated on one device there).
     """
-    if not getattr(likelihood, "field_split", False) or getattr(strategy, "model_shards", 1) == 1:
+    if not likelihood.layout.needs_row_check(getattr(strategy, "model_shards", 1)):
         return
     if any(isinstance(x, jax.Array) and not x.is_fully_addressable for x in jtu.tree_leaves((likelihood, pos))):
         return

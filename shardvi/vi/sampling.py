@@ -164,7 +164,7 @@ def nonlinearly_update_residual(
             "and their amend/sum provide it)"
         )
     keep = _keep(lh, sample_mask)
-    if lh.blocked:
+    if lh.layout.splits_data:
         return _blocked_update(lh, pos, residual, metric_sample_key, metric_sample_sign, config, keep)
     # the likelihood's coordinates around pos (for a curved Fisher geometry they depend on it)
     transformation = lh.transformation_at(pos)

@@ -33,11 +33,9 @@ from jax import tree_util as jtu
 from .. import tree_math as tm
 from ..minimizers.solution import Solution
 from ..parallel.grid import unsplit
-from .diagnostics import chi2_sums
-from .field_split import field_split_chi2_sums, per_device
+from .field_split import per_device
 from .kl import kl_metric, kl_value_and_grad
 from .masks import project
-from .samples import Samples
 from .sampling import draw_linear_residual, nonlinearly_update_residual
 
 __all__ = ["SampleInfo", "draw_samples", "minimize_kl", "sample_diagnostics", "update_samples"]
@@ -141,12 +139,4 @@ def sample_diagnostics(likelihood, pos, residuals, strategy):
 
     The likelihood part is ``(None, 0)`` where the likelihood has no normalized residual.
     """
-    if getattr(likelihood, "field_split", False):
-        return field_split_chi2_sums(likelihood, pos, residuals, strategy)
-    samples = Samples(pos, residuals)
-    if not (likelihood.blocked and likelihood.has_chi2_sum):
-        return chi2_sums(samples, likelihood)
-    # blocked data: each sample's chi^2 summed over the blocks where they are (the strategy's model axis)
-    per_sample = strategy.map(lambda lik, x: lik.chi2_sum(x)[0], (None, 0))(likelihood, samples.samples)
-    n = jtu.tree_leaves(samples.samples)[0].shape[0]
-    return (jnp.sum(per_sample), n * likelihood.chi2_sum_dof), chi2_sums(samples)[1]
+    return likelihood.layout.chi2_sums(likelihood, pos, residuals, strategy)

@@ -36,7 +36,7 @@ from ..parallel.reproducible import engine_options_key, reproducible_jit
 from ..parallel.strategy import Placed, Strategy, get_strategy
 from .blocked import BlockedLikelihood
 from .gaussian import Gaussian
-from .kl import _blocked_value_and_grad, hamiltonian, hamiltonian_metric_operator
+from .kl import hamiltonian_metric_operator
 from .likelihood import AmendedLikelihood, Likelihood, amend_hint
 from .planner import choose_strategy
 from .samples import Samples, interleave_pairs
@@ -95,11 +95,7 @@ class WienerFilterInfo(NamedTuple):
 def _check_likelihood(lh, space: str) -> None:
     if not isinstance(lh, Likelihood):
         raise TypeError(f"likelihood must be a shardvi Likelihood, got {type(lh).__name__}")
-    if getattr(lh, "field_split", False):
-        raise NotImplementedError(
-            "wiener_filter_posterior does not take a likelihood amended with field_blocks yet: amend the Gaussian "
-            "without field_blocks (or with data_blocks: blocked data are supported in signal space)"
-        )
+    lh.layout.require("wiener_filter_posterior")
     if isinstance(lh, BlockedLikelihood):
         if not isinstance(lh.blocks["likelihood"], Gaussian):
             raise TypeError(
@@ -133,7 +129,7 @@ def _defect_terms(f, a, b):
 def _defect(lik, a, b):
     """``|s(a + b) - s(a) - s(b) + s(0)|`` relative to the four terms' norms (for blocked data: the norms over
     all blocks)."""
-    if isinstance(lik, BlockedLikelihood):
+    if lik.layout.splits_data:
         sq = lik._sum(lambda blk, x, y: _defect_terms(functools.partial(lik._signal, blk), x, y), a, b)
     else:
         sq = _defect_terms(lik.model, a, b)
@@ -165,8 +161,8 @@ def _data_space_solver(a_op, a_adj, config):
 
 
 def _mean_signal(lh, pos, config):
-    # blocked data: the gradient from the blocks' own sums (as the KL's), not by differentiating them
-    g = _blocked_value_and_grad(lh, pos)[1] if lh.blocked else jax.grad(hamiltonian, argnums=1)(lh, pos)
+    # as the layout computes it (blocked data: from the blocks' own sums, as the KL's)
+    g = lh.layout.hamiltonian_and_grad(lh, pos)[1]
     res = conjugate_gradient(hamiltonian_metric_operator(lh, pos), g, None, config, min_curvature=1.0)
     return tm.sub(pos, res.x), res.nit, res.status
 
