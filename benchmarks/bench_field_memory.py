@@ -1,6 +1,8 @@
 """Field parallelism: per-process memory and time of a correlated-field reconstruction whose field is split.
 
     python benchmarks/bench_field_memory.py [--npix 2048] [--blocks 8] [--json out.json]
+    python benchmarks/bench_field_memory.py --mask vector   # data of an sv.Mask, whole on every process
+    python benchmarks/bench_field_memory.py --mask grid     # the same data on the grid, each process its rows
     python benchmarks/bench_field_memory.py --smoke          # seconds
 
 For ``P`` in ``--processes`` (default 1, 2, 4): ``P`` processes on
@@ -65,18 +67,42 @@ def _data_rows(np, npix, seed, sigma, rows):
     return d
 
 
-def split_problem(sv, strategy, npix: int, blocks: int, seed: int = 0, noise: float = 0.1):
+def _masked_exp_field(cf, response, xi):
+    import jax.numpy as jnp
+
+    return response(jnp.exp(cf(xi)))
+
+
+def _observed(np, npix):
+    """The pixels a ``--mask`` problem observes: 60 %, a fixed pattern (the same on every process)."""
+    r, c = np.ogrid[:npix, :npix]
+    return (r * 7 + c * 13) % 10 < 6
+
+
+def split_problem(sv, strategy, npix: int, blocks: int, seed: int = 0, noise: float = 0.1, mask: str = "none"):
     """``(field, likelihood, start)``: the log-normal field amended with ``field_blocks=blocks``, its data and the
-    zero start's excitations split by rows over ``strategy``'s model axis (each process builds only its rows)."""
+    zero start's excitations split by rows over ``strategy``'s model axis (each process builds only its rows).
+
+    ``mask``: ``"none"`` (data at every pixel), ``"vector"`` (60 % of the pixels seen through ``sv.Mask``, the
+    data given as the mask's vector, whole on every process) or ``"grid"`` (the same data given on the grid,
+    each process building its rows)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
     from jax.tree_util import Partial
 
     cf = _field(sv, jnp, npix)
-    model = sv.Model(Partial(_exp_field, cf), cf.domain)
     grid = (npix, npix)
-    data = sv.parallel.field_array(strategy, grid, lambda rows: _data_rows(np, npix, seed, noise, rows))
+    if mask == "none":
+        model = sv.Model(Partial(_exp_field, cf), cf.domain)
+        data = sv.parallel.field_array(strategy, grid, lambda rows: _data_rows(np, npix, seed, noise, rows))
+    else:
+        observed = _observed(np, npix)
+        model = sv.Model(Partial(_masked_exp_field, cf, sv.Mask(observed)), cf.domain)
+        if mask == "vector":
+            data = _data_rows(np, npix, seed, noise, slice(0, npix))[observed]
+        else:
+            data = sv.parallel.field_array(strategy, grid, lambda rows: _data_rows(np, npix, seed, noise, rows))
     lh = sv.Gaussian(data, noise_std=noise).amend(model, field_blocks=blocks)
 
     def zeros(d):
@@ -103,7 +129,7 @@ def child(args):
     jax.block_until_ready(jnp.ones(4) + 1)
     base = C.current_rss_mib()
     strategy = sv.parallel.ShardMap(devices=jax.devices(), model_shards=args.nproc)
-    cf, lh, pos0 = split_problem(sv, strategy, args.npix, args.blocks, args.seed, args.noise)
+    cf, lh, pos0 = split_problem(sv, strategy, args.npix, args.blocks, args.seed, args.noise, args.mask)
     lin = sv.CGConfig(tol=None, maxiter=args.cg_iters)
     inner = sv.CGConfig(tol=None, maxiter=args.cg_iters)
     kl = sv.NewtonCGConfig(xtol=None, maxiter=args.newton_iters, cg=inner)
@@ -176,7 +202,7 @@ def _assemble(out, nproc, np):
 def _spawn(args, nproc, out):
     argv = [sys.executable, os.path.abspath(__file__), "--child", "--port", str(C.free_port())]
     argv += ["--nproc", str(nproc), "--out", out]
-    for flag in ("npix", "blocks", "pairs", "iterations", "cg_iters", "newton_iters", "seed", "noise"):
+    for flag in ("npix", "blocks", "pairs", "iterations", "cg_iters", "newton_iters", "seed", "noise", "mask"):
         argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     if args.trim_host_memory:
         argv.append("--trim-host-memory")
@@ -192,6 +218,13 @@ def add_problem_arguments(ap) -> None:
     ap.add_argument("--newton-iters", type=int, default=1)
     ap.add_argument("--noise", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--mask",
+        choices=("none", "vector", "grid"),
+        default="none",
+        help="none: data at every pixel; vector / grid: 60 %% of the pixels through sv.Mask, the data given as "
+        "the mask's vector (whole on every process) or on the grid (each process its rows)",
+    )
     ap.add_argument(
         "--trim-host-memory",
         action="store_true",
@@ -242,7 +275,8 @@ def main(argv=None):
             print(json.dumps(rows[-1]), flush=True)
     table = C.memory_table(rows)
     print(
-        f"\n{args.npix}^2 correlated field ({args.npix**2} excitations) with data at every pixel, "
+        f"\n{args.npix}^2 correlated field ({args.npix**2} excitations) with data "
+        f"{'at every pixel' if args.mask == 'none' else 'at 60 % of the pixels, given ' + args.mask}, "
         f"{args.blocks} field blocks, {args.pairs} pairs, {args.iterations} MGVI iterations; one CPU device per "
         f"process, 2 cores shared by all processes\n"
     )

@@ -91,6 +91,19 @@ def field_split_run(mp, process_id: int, out: str) -> None:
         return sv.parallel.field_array(mp, a.shape, lambda r: np.asarray(a)[r])
 
     lh = sv.Gaussian(split(d), noise_std=split(std)).amend(model, field_blocks=4)
+    # the data of a Mask given on its grid, each process building its rows only: they stay split, and hold what
+    # the data given whole as the mask's vector give
+    from test_field_split import masked, masked_on_grid
+
+    mmodel, md, mstd = masked()
+    gd, gstd = masked_on_grid()
+    on_grid = sv.Gaussian(split(gd), noise_std=split(gstd)).amend(mmodel, field_blocks=4)
+    as_vector = sv.Gaussian(md, noise_std=mstd).amend(mmodel, field_blocks=4)
+    assert not on_grid.likelihood.data.is_fully_addressable
+    for a, b in zip(jax.tree.leaves(on_grid.likelihood), jax.tree.leaves(as_vector.likelihood), strict=True):
+        split_a = isinstance(a, jax.Array) and not a.is_fully_addressable
+        whole = multihost_utils.process_allgather(a, tiled=True) if split_a else np.asarray(a)
+        assert np.array_equal(whole, np.asarray(b)), "Mask data given on the grid differ"
     data = lh.likelihood.data
     assert not data.is_fully_addressable and {s.data.shape for s in data.addressable_shards} == {(4, 8)}
     start = jax.tree.map(lambda x: split(x) if x.shape == d.shape else x, pos)

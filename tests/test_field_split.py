@@ -285,6 +285,35 @@ def masked(kind="Mask"):
     return model, d[sel], std[sel]
 
 
+def masked_on_grid():
+    """:func:`masked`'s data and noise std given on the field's grid, as a process holding rows of an image
+    passes them: the values at the pixels the ``Mask`` does not read are arbitrary (here 123 and 5)."""
+    _, d, std = masked()
+    mask = np.random.default_rng(4).random((N, N)) < 0.6  # masked()'s pixels
+    dg, sg = np.full((N, N), 123.0), np.full((N, N), 5.0)
+    dg[mask], sg[mask] = d, std
+    return dg, sg
+
+
+def test_data_of_a_mask_given_on_its_grid_are_the_data_of_the_mask():
+    """The data of a ``Mask`` may be given on its grid (each process then passes only its rows,
+    ``sv.parallel.field_array``): the values at unread pixels are ignored, the likelihood holds what the data
+    given as the mask's vector give, and a run on 4 devices of a model axis is bitwise the same."""
+    model, d, std = masked()
+    dg, sg = masked_on_grid()
+    on_grid = sv.Gaussian(dg, noise_std=sg).amend(model, field_blocks=4)
+    as_vector = sv.Gaussian(d, noise_std=std).amend(model, field_blocks=4)
+    for a, b in zip(jax.tree.leaves(on_grid), jax.tree.leaves(as_vector), strict=True):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    assert on_grid.data_domain == as_vector.data_domain  # the chi^2's degrees of freedom: the mask's data
+    st = ShardMap(devices=jax.devices()[:4], model_shards=4)
+    got, kl = run_layout(on_grid, problem()[3], st)[:2]
+    want, kl_want = run_layout(as_vector, problem()[3], st)[:2]
+    assert kl == kl_want and all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+    with pytest.raises(ValueError, match="model output does not match"):  # a grid that is not the mask's
+        sv.Gaussian(dg[:, :4], noise_std=1.0).amend(model, field_blocks=4)
+
+
 @pytest.mark.parametrize("kind", ["Mask-Gaussian", "Sampling-Gaussian", "Mask-Poisson"])
 def test_data_of_a_mask_or_sampling_split_with_the_field(kind):
     """A model ending in ``sv.Mask`` / ``sv.Sampling`` (what a user writes, unchanged) splits with the field:

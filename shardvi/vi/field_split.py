@@ -152,16 +152,24 @@ class FieldSplitLikelihood(AmendedLikelihood):
     """
 
     def __init__(self, likelihood: Likelihood, model, field_blocks: int):
-        super().__init__(likelihood, model)
+        # the data of a Mask / Sampling given on its grid (each process may hold only its rows)
+        given_on_grid = _response_of_grid_data(likelihood, model)
+        if given_on_grid is None:
+            super().__init__(likelihood, model)
+        else:  # checked against the model as the data in the response's layout
+            super().__init__(_as_response_data(likelihood, given_on_grid), model)
         if isinstance(field_blocks, bool) or not isinstance(field_blocks, (int, np.integer)) or field_blocks < 1:
             raise ValueError(f"field_blocks must be an int >= 1, got {field_blocks!r}")
         # data of a Mask / Sampling of the field: held on the grid, unobserved pixels ignored
         self.observed = self.response = None
-        self.data_domain = likelihood.domain  # the data as given (for the chi^2's degrees of freedom)
-        response = _find_pixel_response(likelihood, model)
+        self.data_domain = self.likelihood.domain  # the data as given (for the chi^2's degrees of freedom)
+        response = given_on_grid or _find_pixel_response(likelihood, model)
         if response is not None:
             flat, grid_shape = response.pixel_indices(), tuple(response.shape)
-            likelihood = _likelihood_on_grid(likelihood, flat, grid_shape)
+            if given_on_grid is None:
+                likelihood = _likelihood_on_grid(likelihood, flat, grid_shape)
+            else:
+                likelihood = _unobserved_ignored(likelihood, flat, grid_shape)
             observed = np.zeros(math.prod(grid_shape), bool)
             observed[flat.ravel()] = True
             self.observed = _host_grid(observed, grid_shape)
@@ -522,6 +530,64 @@ def _find_pixel_response(likelihood: Likelihood, model):
             f"must be one pixel of its own"
         )
     return resp
+
+
+def _response_of_grid_data(likelihood: Likelihood, model):
+    """The model's one Mask / Sampling when the likelihood's data are given on its grid (every data leaf of the
+    grid's shape, or a scalar) while the model returns the response's output; else ``None``."""
+    shapes = {tuple(d.shape) for d in jtu.tree_leaves(likelihood.domain) if len(d.shape)}
+    targets = {tuple(d.shape) for d in jtu.tree_leaves(model.target)}
+    if len(shapes) != 1 or len(next(iter(shapes))) < 2 or shapes == targets:
+        return None
+    with pixel_responses_recorded() as found:  # a new function: a trace JAX cached earlier would record nothing
+        jax.eval_shape(lambda xi: model(xi), model.domain)
+    responses = list({id(r): r for r in found}.values())
+    if len(responses) != 1 or {tuple(responses[0].shape)} != shapes:
+        return None
+    try:
+        flat = responses[0].pixel_indices()
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
+        return None
+    if targets != {tuple(flat.shape)} or np.unique(flat).size != flat.size:
+        return None
+    return responses[0]
+
+
+def _as_response_data(likelihood: Likelihood, response) -> Likelihood:
+    """``likelihood`` (data on the response's grid) described as data in the response's output layout: what the
+    model's output is checked against (its arrays are not used)."""
+    out = tuple(np.shape(response.pixel_indices()))
+    domain = jtu.tree_map(lambda d: jax.ShapeDtypeStruct(out, d.dtype), likelihood.domain)
+    lsm = likelihood.lsm_tangents_shape
+    if lsm is not None:
+        lsm = jtu.tree_map(lambda d: jax.ShapeDtypeStruct(out, d.dtype), lsm)
+    return likelihood._replaced(domain=domain, lsm_tangents_shape=lsm)
+
+
+def _unobserved_ignored(likelihood: Likelihood, flat, grid_shape) -> Likelihood:
+    """``likelihood`` (data given on the grid) with :data:`~shardvi.models.responses.UNOBSERVED` at the pixels
+    the response does not read, whatever was given there. An array split over processes stays split: each
+    process replaces its own rows."""
+    observed = np.zeros(math.prod(grid_shape), bool)
+    observed[flat.ravel()] = True
+    observed = observed.reshape(grid_shape)
+
+    def one(x):
+        if np.ndim(x) == 0:
+            return x
+        if tuple(np.shape(x)) != tuple(grid_shape):
+            raise ValueError(
+                f"field_blocks with the data of a Mask / Sampling given on its grid {tuple(grid_shape)}: the "
+                f"likelihood's array of shape {np.shape(x)} is neither on the grid nor a scalar"
+            )
+        if is_global(x):
+            mask = jax.make_array_from_callback(grid_shape, x.sharding, lambda index: observed[index])
+            keep = jax.jit(lambda a, m: jnp.where(m, a, jnp.asarray(UNOBSERVED, a.dtype)), out_shardings=x.sharding)
+            return keep(x, mask)
+        x = np.asarray(x)
+        return _host_grid(np.where(observed, x, np.asarray(UNOBSERVED, x.dtype)), grid_shape)
+
+    return jtu.tree_map(one, likelihood)
 
 
 def _host_grid(a: np.ndarray, grid_shape) -> np.ndarray:
