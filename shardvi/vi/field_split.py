@@ -139,7 +139,10 @@ class FieldSplitLikelihood(AmendedLikelihood):
     ----------
     likelihood : Likelihood
         Pixel-wise on the grid (``Gaussian``, ``Poisson``, ``StudentT``, ...): its
-        array leaves have the grid's rows along axis 0 (or are scalars).
+        array leaves have the grid's rows along axis 0 (or are scalars). Or the
+        data of the model's one ``sv.Mask`` / ``sv.Sampling``: as its output
+        vector, or on its grid (arrays of the grid's shape, any value at the
+        pixels it does not read; split over processes, each builds its rows).
     model : shardvi.Model
         Its output matches the data; its latent leaves with the data's grid shape
         are split with the data (the rest, e.g. hyperparameters, is replicated).
