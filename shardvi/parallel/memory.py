@@ -121,7 +121,7 @@ def check_memory(likelihood, n_samples: int, strategy, *, mirror_samples=True, m
     if limit is None:
         return
     k = getattr(strategy, "model_shards", 1)
-    latent = likelihood.layout.latent_bytes_per_device(likelihood.domain, k)  # split grid rows: a device's
+    latent = likelihood.layout.latent_bytes_per_device(likelihood.domain, k)  # a field split: its rows only
     m = int(n_samples) * (2 if mirror_samples else 1)
     data = tree_bytes([x for x in jtu.tree_leaves(likelihood) if hasattr(x, "dtype")]) // max(k, 1)
     need = (2 * m + 2) * latent + data  # the samples twice: drawn (sharded) and placed for the KL step
