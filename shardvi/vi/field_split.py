@@ -169,13 +169,13 @@ class FieldSplitLikelihood(AmendedLikelihood):
         response = given_on_grid or _find_pixel_response(likelihood, model)
         if response is not None:
             flat, grid_shape = response.pixel_indices(), tuple(response.shape)
-            if given_on_grid is None:
-                likelihood = _likelihood_on_grid(likelihood, flat, grid_shape)
-            else:
-                likelihood = _unobserved_ignored(likelihood, flat, grid_shape)
             observed = np.zeros(math.prod(grid_shape), bool)
             observed[flat.ravel()] = True
             self.observed = _host_grid(observed, grid_shape)
+            if given_on_grid is None:
+                likelihood = _likelihood_on_grid(likelihood, flat, grid_shape)
+            else:
+                likelihood = _unobserved_ignored(likelihood, self.observed)
             self.response = response
             self.likelihood = likelihood
         rows = _grid_rows(likelihood)
@@ -500,15 +500,20 @@ def _whole_field_message(layout: GridLayout, out_shapes, what: str) -> str:
     )
 
 
+def _recorded_responses(model) -> list:
+    """The distinct Mask / Sampling objects the model calls, recorded while tracing it once."""
+    with pixel_responses_recorded() as found:  # a new function: a trace JAX cached earlier would record nothing
+        jax.eval_shape(lambda xi: model(xi), model.domain)
+    return list({id(r): r for r in found}.values())
+
+
 def _find_pixel_response(likelihood: Likelihood, model):
     """The model's one Mask / Sampling of a field of >= 2 axes (reading each pixel at most once) when the
     data are its output; ``None`` when the data are on a grid already; else ``ValueError``."""
     shapes = [tuple(d.shape) for d in jtu.tree_leaves(likelihood.domain)]
     if len({s[0] for s in shapes if len(s) >= 2}) == 1 and all(len(s) >= 2 for s in shapes):
         return None
-    with pixel_responses_recorded() as found:  # a new function: a trace JAX cached earlier would record nothing
-        jax.eval_shape(lambda xi: model(xi), model.domain)
-    responses = list({id(r): r for r in found}.values())
+    responses = _recorded_responses(model)
     need = (
         "field_blocks needs pixel-wise data on a grid of at least 2 axes (every data leaf with the grid's rows "
         "along axis 0), or the data of one sv.Mask or sv.Sampling of the field in the model"
@@ -542,9 +547,7 @@ def _response_of_grid_data(likelihood: Likelihood, model):
     targets = {tuple(d.shape) for d in jtu.tree_leaves(model.target)}
     if len(shapes) != 1 or len(next(iter(shapes))) < 2 or shapes == targets:
         return None
-    with pixel_responses_recorded() as found:  # a new function: a trace JAX cached earlier would record nothing
-        jax.eval_shape(lambda xi: model(xi), model.domain)
-    responses = list({id(r): r for r in found}.values())
+    responses = _recorded_responses(model)
     if len(responses) != 1 or {tuple(responses[0].shape)} != shapes:
         return None
     try:
@@ -567,13 +570,11 @@ def _as_response_data(likelihood: Likelihood, response) -> Likelihood:
     return likelihood._replaced(domain=domain, lsm_tangents_shape=lsm)
 
 
-def _unobserved_ignored(likelihood: Likelihood, flat, grid_shape) -> Likelihood:
-    """``likelihood`` (data given on the grid) with :data:`~shardvi.models.responses.UNOBSERVED` at the pixels
-    the response does not read, whatever was given there. An array split over processes stays split: each
-    process replaces its own rows."""
-    observed = np.zeros(math.prod(grid_shape), bool)
-    observed[flat.ravel()] = True
-    observed = observed.reshape(grid_shape)
+def _unobserved_ignored(likelihood: Likelihood, observed: np.ndarray) -> Likelihood:
+    """``likelihood`` (data given on the grid) with :data:`~shardvi.models.responses.UNOBSERVED` where
+    ``observed`` (the grid of pixels the response reads) is False, whatever was given there. An array split over
+    processes stays split: each process replaces its own rows."""
+    grid_shape = observed.shape
 
     def one(x):
         if np.ndim(x) == 0:
