@@ -30,6 +30,7 @@ __all__ = [
     "SUPPORTED_JAX_VERSIONS",
     "closed_jaxpr_map",
     "event_listener_counts",
+    "fixed_order_arithmetic",
     "guard_products",
     "jax_version",
     "new_eqn",
@@ -151,6 +152,19 @@ def guard_products(version: str | None = None) -> bool:
     0.10.2, where the engine compiles with the classic emitters, the guards change XLA's fusion decisions
     and break the bitwise equality they would protect (its constants are compiled into the kernels)."""
     return jax_version(version) >= (0, 11)
+
+
+def fixed_order_arithmetic(version: str | None = None) -> bool:
+    """Whether the engine writes out the order of its sums and pads its FFT batches (jax >= 0.12).
+
+    XLA:CPU of jax 0.12 vectorizes the same reduction differently in a single-device and an SPMD
+    program, and computes a batch of 1-D FFTs in SIMD groups of lines with the lines left over one
+    by one (other roundings): there the solvers' inner products are pairwise sums written out as
+    additions (:func:`shardvi.tree_math.pairwise_sum`) and every batch of FFT lines is padded to
+    full groups (:data:`shardvi.parallel.fft.SIMD_LINES`). The XLA of jax 0.10.2 and 0.11.2 does
+    neither, and its programs keep their bits with XLA's own reductions and FFTs.
+    """
+    return jax_version(version) >= (0, 12)
 
 
 def plain_fft_gathers_batch(version: str | None = None) -> bool:

@@ -8,11 +8,16 @@ A leaf may be a slab of a grid split over devices (a
 operations act on the local slab, the reductions (:func:`vdot`, :func:`norm`,
 :func:`total`, :func:`abs_total`, :func:`all_finite`, :func:`size`) and
 :func:`random_like` cover the whole grid in a fixed block order, so their
-results do not depend on how many devices share the grid.
+results do not depend on how many devices share the grid. On jax >= 0.12 the reductions
+of the other leaves, outside a strategy's per-sample work (:func:`per_sample_work`), are
+pairwise sums written out as additions (:func:`pairwise_sum`): that XLA orders its own
+reductions differently in a single-device and an SPMD program.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 
 import jax
@@ -21,12 +26,16 @@ import numpy as np
 from jax import tree_util as jtu
 from jax.extend.random import threefry_2x32
 
+from ._jax_compat import fixed_order_arithmetic
+
 __all__ = [
     "add",
     "sub",
     "scale",
     "axpy",
     "vdot",
+    "pairwise_sum",
+    "per_sample_work",
     "norm",
     "total",
     "abs_total",
@@ -84,14 +93,78 @@ def _add_up(parts):
     return out
 
 
+def pairwise_sum(x):
+    """Sum of all entries of ``x`` in a fixed pairwise order, written out as additions.
+
+    The entries (flattened, zero-padded to a power of two) are added in halves,
+    ``v[:h] + v[h:]``, until one is left: the order of every addition is in the program
+    itself. XLA's reductions leave their order to the compiler, which on XLA:CPU vectorizes
+    the same reduction differently in a single-device and an SPMD program (jax >= 0.12; see
+    :func:`shardvi._jax_compat.fixed_order_arithmetic`); this sum has the same bits in every
+    program. ``log2(size)`` elementwise passes over halving
+    arrays (about twice the memory traffic of a reduction).
+    """
+    v = jnp.ravel(x)
+    n = v.shape[0]
+    if n == 0:
+        return jnp.zeros((), v.dtype)
+    width = 1 << (n - 1).bit_length()
+    if width > n:
+        v = jnp.concatenate([v, jnp.zeros((width - n,), v.dtype)])
+    while v.shape[0] > 1:
+        h = v.shape[0] // 2
+        v = v[:h] + v[h:]
+    return v[0]
+
+
+#: pairwise sums in the reductions where XLA's own reductions differ between programs (jax >= 0.12)
+_FIXED_ORDER = fixed_order_arithmetic()
+_PER_SAMPLE: contextvars.ContextVar[bool] = contextvars.ContextVar("shardvi_per_sample", default=False)
+
+
+@contextlib.contextmanager
+def per_sample_work():
+    """Trace the enclosed code as per-sample work (a strategy's mapped function).
+
+    A strategy evaluates the per-sample work as the same program (fixed chunk shapes, one
+    loop body) on any device count, so XLA's reductions keep their bits there; the
+    reductions outside it (the KL minimization driving the strategy, compiled into a
+    single-device or an SPMD program) are written as :func:`pairwise_sum` where XLA's
+    differ between those programs (:func:`shardvi._jax_compat.fixed_order_arithmetic`).
+    """
+    token = _PER_SAMPLE.set(True)
+    try:
+        yield
+    finally:
+        _PER_SAMPLE.reset(token)
+
+
+def _pairwise() -> bool:
+    return _FIXED_ORDER and not _PER_SAMPLE.get()
+
+
+def _leaf_total(x):
+    return pairwise_sum(x) if _pairwise() else jnp.sum(x)
+
+
+def _leaf_vdot(x, y):
+    if not _pairwise():
+        return jnp.real(jnp.vdot(x, y))
+    if not (jnp.iscomplexobj(x) or jnp.iscomplexobj(y)):
+        return pairwise_sum(x * y)
+    # Re(conj(x) y) as two real sums: real products only (a complex product's additions are the compiler's)
+    return pairwise_sum(jnp.real(x) * jnp.real(y)) + pairwise_sum(jnp.imag(x) * jnp.imag(y))
+
+
 def vdot(a, b):
-    """Real inner product ``sum(conj(a) * b)`` over all leaves (a scalar)."""
-    return _add_up([x.vdot(y) if _is_slab(x) else jnp.real(jnp.vdot(x, y)) for x, y in zip(_leaves(a), _leaves(b))])
+    """Real inner product ``sum(conj(a) * b)`` over all leaves (a scalar); each leaf's a :func:`pairwise_sum`
+    where XLA's reductions differ between programs (jax >= 0.12, outside :func:`per_sample_work`)."""
+    return _add_up([x.vdot(y) if _is_slab(x) else _leaf_vdot(x, y) for x, y in zip(_leaves(a), _leaves(b))])
 
 
 def total(a):
-    """Sum of all entries of all leaves (a scalar)."""
-    return _add_up([x.total() if _is_slab(x) else jnp.sum(x) for x in _leaves(a)])
+    """Sum of all entries of all leaves (a scalar), each leaf's summed as in :func:`vdot`."""
+    return _add_up([x.total() if _is_slab(x) else _leaf_total(x) for x in _leaves(a)])
 
 
 def abs_total(a):

@@ -25,7 +25,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _jax_versions import DIFFERS_ON_JAX_0_12
 from _model_parallel_problem import run_layout
 from _timeouts import scaled
 
@@ -88,7 +87,6 @@ def one_device(name="grid"):
     return run(Vmap(), name)
 
 
-@DIFFERS_ON_JAX_0_12
 def test_mgvi_geovi_kl_bitwise_equal_to_one_device_on_every_mesh_layout():
     """In a fresh process with the shipped compiler settings (tests/_field_split_worker.py)."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # not the session's LLVM level 0

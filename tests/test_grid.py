@@ -17,22 +17,29 @@ from jax.sharding import PartitionSpec as P
 
 from shardvi import CorrelatedFieldMaker
 from shardvi import tree_math as tm
+from shardvi._jax_compat import fixed_order_arithmetic
 from shardvi.parallel.grid import GridLayout, Slab, grid_total, grid_vdot, normal, spread, take
+from shardvi.parallel.reproducible import reproducible_jit
 from shardvi.tree_math import row_normal
 
 AX = "m"
 B = 4  # fixed blocks of the grid
 LAYOUTS = [None, 1, 2, 4]  # None: one device, no mesh axis; else devices along the model axis
+#: the compilation of the compared programs: where the engine pads its FFT batches (jax >= 0.12) the padding
+#: changes XLA's fusion of the elementwise code around the FFTs, and only the engine's compilation
+#: (``reproducible_jit``) keeps the bits there; elsewhere plain ``jit`` programs keep them
+_JIT = reproducible_jit if fixed_order_arithmetic() else jax.jit
 
 
 def run(fn, p, args, in_split, out_split):
-    """``fn(layout, *args)`` on one device (``p`` None) or per device on ``p`` devices of a model axis.
+    """``fn(layout, *args)`` on one device (``p`` None) or per device on ``p`` devices of a model axis (see
+    :data:`_JIT`).
 
     ``in_split`` / ``out_split``: per argument / output, whether it is a grid split along axis 0 (else
     replicated). Returns NumPy arrays.
     """
     if p is None:
-        out = jax.jit(lambda *a: fn(GridLayout(B), *a))(*args)
+        out = _JIT(lambda a: fn(GridLayout(B), *a))(tuple(args))
     else:
         mesh = Mesh(np.asarray(jax.devices()[:p]), (AX,), axis_types=(AxisType.Auto,))
         spec = lambda split: P(AX) if split else P()  # noqa: E731
@@ -43,7 +50,7 @@ def run(fn, p, args, in_split, out_split):
             out_specs=tuple(spec(s) for s in out_split),
             check_vma=False,
         )
-        out = jax.jit(mapped)(*args)
+        out = _JIT(lambda a: mapped(*a))(tuple(args))
     return [jax.tree_util.tree_map(np.asarray, o) for o in out]
 
 

@@ -190,6 +190,16 @@ def test_guarded_product_is_exact_and_survives_xla():
     assert len([e for e in half.jaxpr.eqns if e.primitive.name == "mul"]) == 1
 
 
+def test_fixed_order_arithmetic_matches_xla():
+    """Where the engine pads its FFT batches: where this XLA gives a line of a batch of 5 (the fifth, left over
+    from a SIMD group) other bits than the same line in a batch of 8 (length 60: every line differs there)."""
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(8, 60)) + 0j)
+    f = jax.jit(lambda a: jnp.fft.fft(a, axis=1))
+    grouped = not np.array_equal(np.asarray(f(x[:5]))[4], np.asarray(f(x))[4])
+    assert compat.fixed_order_arithmetic() == grouped
+    assert compat.fixed_order_arithmetic("0.12.0.1") and not compat.fixed_order_arithmetic("0.11.2")
+
+
 def test_plain_fft_gathers_batch_matches_xla():
     """Whether a batch-sharded plain ``jnp.fft.fftn`` under ``jit`` is all-gathered (GSPMD without an FFT rule)."""
     mesh = jax.make_mesh((4,), ("b",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:4])

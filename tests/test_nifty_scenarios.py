@@ -62,7 +62,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.optimize as so
-from _jax_versions import DIFFERS_ON_JAX_0_12
 
 import shardvi as sv
 from shardvi.minimizers import NewtonCGConfig, TrustRegionConfig, newton_cg, trust_region_newton_cg
@@ -243,7 +242,6 @@ def test_constants_stay_and_the_rest_moves(vmap_run):
 
 @pytest.mark.slow
 @pytest.mark.product_compiler
-@DIFFERS_ON_JAX_0_12
 def test_optimize_kl_bitwise_across_device_maps(vmap_run):
     """``pmap`` sampling and ``shard_map`` KL on 4 devices: bitwise the 1-device vmap run.
 

@@ -4,7 +4,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _jax_versions import DIFFERS_ON_JAX_0_12
 from _model_parallel_problem import linear_blocked_problem
 
 import shardvi as sv
@@ -136,7 +135,6 @@ def test_blocked_data_mean_and_samples_are_exact(blocked_problem):
 
 
 @pytest.mark.product_compiler
-@DIFFERS_ON_JAX_0_12
 def test_blocked_data_bitwise_on_every_model_axis(blocked_problem):
     """Mean and samples with the blocks split over 2 or 4 model shards (shard_map, jit) are bitwise the
     one-device run's."""

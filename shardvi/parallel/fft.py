@@ -26,6 +26,7 @@ FFT) and a batching rule, so ``grad``, ``jvp``, ``linear_transpose`` and
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -35,7 +36,7 @@ from jax.interpreters import ad, batching, mlir
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .._jax_compat import require_devices_during_lowering
+from .._jax_compat import fixed_order_arithmetic, require_devices_during_lowering
 
 try:
     from jax.experimental.custom_partitioning import custom_partitioning
@@ -79,14 +80,57 @@ def slab_passes(x, axes: tuple, axis_name: str, n_dev: int, hartley: bool = Fals
     """
     a0, a1 = axes[0], axes[1]
     if n_dev == 1:  # the whole grid: under jit, a batch of grids stays split over the devices (fftn)
+        # two calls, as the slabs' passes: transposed, they run in the reverse order, as the slabs' do
         y = fftn(fftn(x, axes[1:]), (a0,))
         return y.real + y.imag if hartley else y
-    x = jnp.fft.fftn(x, axes=axes[1:])
+    x = _lane_fftn(x, axes[1:])
     x = jax.lax.all_to_all(x, axis_name, split_axis=a1, concat_axis=a0, tiled=True)
-    x = jnp.fft.fft(x, axis=a0)
+    x = _lane_fftn(x, (a0,))
     if hartley:
         x = x.real + x.imag
     return jax.lax.all_to_all(x, axis_name, split_axis=a0, concat_axis=a1, tiled=True)
+
+
+#: XLA:CPU (jax >= 0.12) computes a batch of 1-D FFTs in SIMD groups of consecutive lines (up to 8 for
+#: float64 on AVX-512) and the lines left over one by one, with other roundings: a line's bits depend on
+#: whether its batch fills its group. On that XLA every FFT here transforms batches whose number of lines
+#: is a multiple of this (padded with zero lines where needed), so that a line gets the same bits in a
+#: slab and in the whole grid, and in any batch.
+SIMD_LINES = 8
+#: whether this XLA groups FFT lines so (:func:`shardvi._jax_compat.fixed_order_arithmetic`)
+_PAD_LINES = fixed_order_arithmetic()
+
+
+def _lines_fill_groups(shape, axes) -> bool:
+    """Whether every 1-D pass of an FFT over ``axes`` of an array of ``shape`` has a multiple of
+    :data:`SIMD_LINES` lines."""
+    size = math.prod(shape)
+    return size == 0 or all((size // shape[a]) % SIMD_LINES == 0 for a in axes)
+
+
+def _lane_fftn(x, axes: tuple):
+    """``jnp.fft.fftn(x, axes=axes)`` with every pass over full SIMD groups of lines (:data:`SIMD_LINES`;
+    jax >= 0.12, else the plain call).
+
+    Zero lines are appended along the first axis not transformed (and cut off after); where every
+    axis is transformed, the passes run one after the other (the last axes, then ``axes[0]``, the
+    order of the single call), each padded along an axis it does not transform, and a single line
+    gets a batch axis. Same values as the single call; bitwise equal to it where no padding is
+    needed (then it is that call).
+    """
+    if not _PAD_LINES or _lines_fill_groups(x.shape, axes):
+        return jnp.fft.fftn(x, axes=axes)
+    free = [a for a in range(x.ndim) if a not in axes]
+    if not free and len(axes) > 1:  # a whole grid without batch axes: pass by pass
+        return _lane_fftn(_lane_fftn(x, axes[1:]), axes[:1])
+    if not free:  # one line
+        return _lane_fftn(x[None], (1,))[0]
+    b = free[0]
+    n = x.shape[b]
+    rest = [math.prod(x.shape) // (n * x.shape[a]) for a in axes]
+    e = next(e for e in range(1, SIMD_LINES) if all((n + e) * r % SIMD_LINES == 0 for r in rest))
+    widths = [(0, e) if i == b else (0, 0) for i in range(x.ndim)]
+    return jax.lax.slice_in_dim(jnp.fft.fftn(jnp.pad(x, widths), axes=axes), 0, n, axis=b)
 
 
 def _plan(sharding, shape, axes, mesh):
@@ -116,7 +160,7 @@ def _partitioned(axes: tuple, ndim: int):
     """``fftn`` over ``axes`` of an ``ndim``-D array as a ``custom_partitioning`` function."""
 
     def fft(x):
-        return jnp.fft.fftn(x, axes=axes)
+        return _lane_fftn(x, axes)
 
     cp = custom_partitioning(fft)
 
@@ -145,7 +189,7 @@ def _partitioned(axes: tuple, ndim: int):
 
 if Primitive is not None:
     _fft_p = Primitive("shardvi_partitioned_fft")
-    _fft_p.def_impl(lambda x, *, axes: jnp.fft.fftn(x, axes=axes))
+    _fft_p.def_impl(lambda x, *, axes: _lane_fftn(x, axes))
     _fft_p.def_abstract_eval(lambda x, *, axes: x)
     mlir.register_lowering(
         _fft_p, mlir.lower_fun(lambda x, *, axes: _partitioned(axes, x.ndim)(x), multiple_results=False)
@@ -184,9 +228,9 @@ def fftn(x, axes: Sequence[int] | None = None):
         raise TypeError(f"fftn expects a complex array, got {x.dtype}")
     axes = normalize_axes(x.ndim, axes)
     if Primitive is None:  # pragma: no cover - no custom partitioning in this jax: the plain FFT
-        return jnp.fft.fftn(x, axes=axes)
+        return _lane_fftn(x, axes)
     if jax.sharding.get_abstract_mesh().manual_axes:
         # inside a shard_map (also JitSharding's field split): XLA's partitioner cannot run the custom
         # rule there; the plain FFT, the same bits
-        return jnp.fft.fftn(x, axes=axes)
+        return _lane_fftn(x, axes)
     return _fft_p.bind(x, axes=axes)

@@ -6,6 +6,7 @@ import dataclasses
 
 import jax
 
+from ..tree_math import per_sample_work
 from ._base import SingleDevice, single_device_map
 from .strategy import _with_mapped, check_chunk, check_in_axes, check_reduce, register_strategy
 
@@ -48,7 +49,8 @@ class LaxMap(SingleDevice):
         def mapped(*args):
             check_in_axes(in_axes, len(args))
             xs = tuple(a for a, ax in zip(args, in_axes) if ax == 0)
-            return jax.lax.map(lambda x: fn(*_with_mapped(args, in_axes, x)), xs)
+            with per_sample_work():  # traced here, as the other strategies' per-sample work
+                return jax.lax.map(lambda x: fn(*_with_mapped(args, in_axes, x)), xs)
 
         return mapped
 

@@ -46,6 +46,15 @@ constants, whose contraction with the addition is exact (see ``_PRODUCTS``
 below). On jax 0.10.2, whose classic emitters the engine selects, this is
 not needed and not done.
 
+4. Reductions and batched FFTs (jax >= 0.12). XLA:CPU vectorizes the same
+reduction differently in a single-device and an SPMD program, and computes a
+batch of 1-D FFTs in SIMD groups of lines with the lines left over one by
+one (other roundings). Neither is a rewrite of the jaxpr: the engine writes
+its solvers' inner products and sums as pairwise additions
+(:func:`shardvi.tree_math.pairwise_sum`) and pads every batch of FFT lines to
+full groups (:data:`shardvi.parallel.fft.SIMD_LINES`), on the XLA that needs it
+(:func:`shardvi._jax_compat.fixed_order_arithmetic`).
+
 The jaxpr surgery goes through :mod:`shardvi._jax_compat`, the one module that
 knows the jaxpr structures of the supported jax versions.
 
@@ -54,11 +63,11 @@ its sampling and KL steps with it (for every strategy: in the fast mode
 ``reduce="psum"`` the cross-device sums are then the only difference). The
 remaining ingredients live in :func:`~shardvi.parallel.chunked_apply`: fixed
 chunk shapes, a loop trip count hidden from XLA and a spare chunk (so a
-one-chunk loop is not inlined into its context). Verified for jax 0.10.2 and
-0.11.2 on XLA:CPU; on jax 0.12.0.1 four of the bitwise tests still differ in the
-last bits (``tests/test_parallel_reproducible.py``); another XLA
-version may need other measures. Cost: XLA's CSE is off and constants are not folded in
-these steps (measured in ``BENCHMARKS.md``: no measurable cost in compile or run time).
+one-chunk loop is not inlined into its context). Verified for the jax versions
+of :data:`TESTED_JAX_VERSIONS` on XLA:CPU (``tests/test_parallel_reproducible.py``
+and the other bitwise tests); another XLA version may need other measures. Cost:
+XLA's CSE is off and constants are not folded in these steps (measured in
+``BENCHMARKS.md``: no measurable cost in compile or run time).
 """
 
 from __future__ import annotations
@@ -95,7 +104,7 @@ __all__ = [
 
 #: jax versions on which the bitwise tests (equal results across device counts and strategies) pass; also in
 #: pyproject.toml (``[tool.shardvi] bitwise-tested-jax``) and the README
-TESTED_JAX_VERSIONS = ("0.10.2", "0.11.2")
+TESTED_JAX_VERSIONS = ("0.10.2", "0.11.2", "0.12.0.1")
 
 
 class ReproducibilityWarning(RuntimeWarning):

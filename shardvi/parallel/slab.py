@@ -17,11 +17,13 @@ On one device (no mesh axis) it is ``jnp.fft.fftn`` over the grid axes
 partitioner: a batch of fields split over devices under ``jit`` stays split).
 XLA:CPU computes that as the same 1-D passes in the same order (last axis
 first; bitwise equal to the explicit sequence, and faster than calling it
-pass by pass). A batched 1-D FFT on XLA:CPU transforms each line on its own — its
-result does not depend on how many lines are in the batch — and the two
+pass by pass). A line's result does not depend on how many lines are in its
+batch (on jax >= 0.12 every batch is padded to full SIMD groups of lines for
+that, :data:`~shardvi.parallel.fft.SIMD_LINES`), and the two
 ``all_to_all`` only move data, so the slab transform is bitwise the
 one-device transform for any ``P`` that divides ``N0`` and ``N1``
-(``tests/test_slab.py`` checks all three facts on 2-D and 3-D grids). The
+(``tests/test_slab.py`` and ``tests/test_fixed_order.py`` check these facts
+on 2-D and 3-D grids). The
 inverse is ``conj(F conj(x)) / N`` in both layouts (``jnp.fft.ifftn`` scales
 differently, in the last bits).
 

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import tree_util as jtu
 
+from ..tree_math import per_sample_work
 from .mesh import check_devices
 from .reproducible import opaque_per_sample
 
@@ -287,7 +288,8 @@ def chunked_apply(fn: Callable, in_axes: tuple, args: tuple, chunk: int | None, 
         return fn(*_with_mapped(args, in_axes, x))
 
     example = jtu.tree_map(lambda x: x[0], xs)  # one sample, with the inputs' types (incl. shard_map's vma)
-    consts, run, out_shape = opaque_per_sample(one, example)
+    with per_sample_work():  # the same program on every device count: XLA's reductions keep their bits
+        consts, run, out_shape = opaque_per_sample(one, example)
     if chunk is None:
         return jax.vmap(run, in_axes=(None,) + (0,) * len(xs))(consts, *xs)
     n = jtu.tree_leaves(xs)[0].shape[0]

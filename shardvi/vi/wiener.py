@@ -35,8 +35,9 @@ from ..parallel.memory import check_memory
 from ..parallel.reproducible import engine_options_key, reproducible_jit
 from ..parallel.strategy import Placed, Strategy, get_strategy
 from .blocked import BlockedLikelihood
+from .field_split import one_zero_residual
 from .gaussian import Gaussian
-from .kl import hamiltonian_metric_operator
+from .kl import kl_metric, kl_value_and_grad
 from .likelihood import AmendedLikelihood, Likelihood, amend_hint
 from .planner import choose_strategy
 from .samples import Samples, interleave_pairs
@@ -160,14 +161,17 @@ def _data_space_solver(a_op, a_adj, config):
     return lambda w: conjugate_gradient(lambda v: tm.add(v, a_op(a_adj(v))), w, None, config, min_curvature=1.0)
 
 
-def _mean_signal(lh, pos, config):
-    # as the layout computes it (blocked data: from the blocks' own sums, as the KL's)
-    g = lh.layout.hamiltonian_and_grad(lh, pos)[1]
-    res = conjugate_gradient(hamiltonian_metric_operator(lh, pos), g, None, config, min_curvature=1.0)
+def _mean_signal(lh, pos, config, strategy):
+    # the KL's gradient and metric at one zero residual: evaluated as the KL's are, through the strategy's map
+    # (per device, blocked data summed over the blocks where they are), so the same bits on every layout
+    zero = one_zero_residual(pos)
+    g = kl_value_and_grad(lh, pos, zero, strategy)[1]
+    res = conjugate_gradient(lambda t: kl_metric(lh, pos, zero, t, strategy), g, None, config, min_curvature=1.0)
     return tm.sub(pos, res.x), res.nit, res.status
 
 
-def _mean_data(lh, pos, config):
+def _mean_data(lh, pos, config, strategy):
+    del strategy  # unblocked data: the whole data on every device
     y, a_op, a_adj = _whitened(lh, pos)
     res = _data_space_solver(a_op, a_adj, config)(y)
     return a_adj(res.x), res.nit, res.status
@@ -197,7 +201,9 @@ def _mean_step(strategy: Strategy, space: str, options: tuple = ()):
 
     ``options``: the engine's compiler options when built (part of the cache key only).
     """
-    return Placed(strategy, reproducible_jit(_MEAN[space], static_argnames="config"))
+    return Placed(
+        strategy, reproducible_jit(functools.partial(_MEAN[space], strategy=strategy), static_argnames="config")
+    )
 
 
 @functools.lru_cache(maxsize=32)
