@@ -101,8 +101,8 @@ def pairwise_sum(x):
     itself. XLA's reductions leave their order to the compiler, which on XLA:CPU vectorizes
     the same reduction differently in a single-device and an SPMD program (jax >= 0.12; see
     :func:`shardvi._jax_compat.fixed_order_arithmetic`); this sum has the same bits in every
-    program. ``log2(size)`` elementwise passes over halving
-    arrays (about twice the memory traffic of a reduction).
+    program. ``log2(size)`` elementwise passes over halving arrays (about twice the memory
+    traffic of a reduction).
     """
     v = jnp.ravel(x)
     n = v.shape[0]
