@@ -122,3 +122,21 @@ def test_the_strategy_checks_the_layouts_it_places():
     with pytest.raises(ValueError, match="model_shards=4 does not divide field_blocks=2"):
         strategy.check_blocks(split)
     assert isinstance(split.layout, Layout)
+
+
+def test_model_sum_is_the_sum_over_the_parts_of_the_signal():
+    """``layout.model_sum``: per-part terms of the model's signal, summed as the layout sums; for data blocks the
+    squared norm of the signal over all blocks (and a padded last block: 10 data in 4 blocks) is the whole one's."""
+    model, d = _data_problem(n=10)
+    xi = jnp.asarray([0.3, -1.2, 0.7])
+
+    def sq(signal, x):
+        return jnp.sum(signal(x) ** 2)
+
+    want = float(np.sum(np.asarray(model(xi)) ** 2))
+    whole = sv.Gaussian(d, noise_std=0.1).amend(model)
+    assert float(whole.layout.model_sum(whole, sq, xi)) == pytest.approx(want, rel=1e-14)
+    for blocks in (2, 4):
+        blocked = sv.Gaussian(d, noise_std=0.1).amend(model, data_blocks=blocks)
+        got = float(jax.jit(lambda x, lh=blocked: lh.layout.model_sum(lh, sq, x))(xi))
+        assert got == pytest.approx(want, rel=1e-14), blocks

@@ -65,6 +65,14 @@ class DataBlocks(Layout):
     def amend(cls, likelihood, model, n_blocks):
         return BlockedLikelihood(likelihood, model, n_blocks)
 
+    def model_sum(self, likelihood, fn, *args):
+        # per block, in block order (where the blocks are: a model axis gathers the blocks' terms); the padding of
+        # a last block that is not full is zero in the block's signal
+        def one(blk, *a):
+            return fn(lambda xi: likelihood._real(blk, likelihood._signal(blk, xi)), *a)
+
+        return likelihood._sum(one, *args)
+
     def hamiltonian_and_grad(self, likelihood, xi):
         e, g = likelihood.energy_and_grad(xi)
         return e + 0.5 * tm.vdot(xi, xi), tm.add(g, xi)

@@ -125,6 +125,14 @@ class Layout(abc.ABC):
         """Whether the model must be shown to respect the cut before a run with ``model_shards``."""
         return False
 
+    def model_sum(self, likelihood, fn, *args):
+        """``sum_parts fn(signal, *args)`` with ``signal`` the model of each part this layout cuts the data into
+        (``xi -> s``; the whole model where the data are whole), summed as this layout sums (a pytree of arrays).
+
+        E.g. a norm over the whole signal space from per-part squared norms, without assembling the signal.
+        """
+        return fn(likelihood.model, *args)
+
     @abc.abstractmethod
     def hamiltonian_and_grad(self, likelihood, xi) -> tuple:
         """``(H(xi), dH/dxi)`` with ``H = energy + |xi|^2 / 2``, computed as this layout computes sums."""

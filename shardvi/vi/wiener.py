@@ -130,11 +130,7 @@ def _defect_terms(f, a, b):
 def _defect(lik, a, b):
     """``|s(a + b) - s(a) - s(b) + s(0)|`` relative to the four terms' norms (for blocked data: the norms over
     all blocks)."""
-    if lik.layout.splits_data:
-        sq = lik._sum(lambda blk, x, y: _defect_terms(functools.partial(lik._signal, blk), x, y), a, b)
-    else:
-        sq = _defect_terms(lik.model, a, b)
-    norms = jnp.sqrt(sq)
+    norms = jnp.sqrt(lik.layout.model_sum(lik, _defect_terms, a, b))
     return norms[0] / jnp.maximum(jnp.sum(norms[1:]), jnp.finfo(tm.leaf_dtype(a)).tiny)
 
 
