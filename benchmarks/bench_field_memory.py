@@ -17,7 +17,9 @@ field on ``--npix``\\ ² pixels, observed at every pixel with Gaussian noise;
 ``--pairs`` antithetic pairs, ``--iterations`` MGVI iterations with fixed
 work (sampling CG and KL Newton-CG iteration counts). Each process builds
 only its rows of the data and of the start position's excitations
-(``sv.parallel.field_array``; every row's noise from its own seed).
+(``sv.parallel.field_array``; every row's noise from its own seed) and of the
+field's power index (``sv.parallel.field_model``; ``--power-index whole``:
+every process holds all of it).
 
 Per process: ``base`` the resident memory of the idle JAX runtime (after
 ``jax.distributed`` and one small computation, before the problem), ``peak``
@@ -79,19 +81,24 @@ def _observed(np, npix):
     return (r * 7 + c * 13) % 10 < 6
 
 
-def split_problem(sv, strategy, npix: int, blocks: int, seed: int = 0, noise: float = 0.1, mask: str = "none"):
+def split_problem(
+    sv, strategy, npix: int, blocks: int, seed: int = 0, noise: float = 0.1, mask: str = "none", power_index="split"
+):
     """``(field, likelihood, start)``: the log-normal field amended with ``field_blocks=blocks``, its data and the
     zero start's excitations split by rows over ``strategy``'s model axis (each process builds only its rows).
 
     ``mask``: ``"none"`` (data at every pixel), ``"vector"`` (60 % of the pixels seen through ``sv.Mask``, the
     data given as the mask's vector, whole on every process) or ``"grid"`` (the same data given on the grid,
-    each process building its rows)."""
+    each process building its rows). ``power_index``: ``"split"`` (each process builds its rows of the field's
+    power index, ``sv.parallel.field_model``) or ``"whole"`` (every process holds the whole index)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
     from jax.tree_util import Partial
 
     cf = _field(sv, jnp, npix)
+    if power_index == "split":
+        cf = sv.parallel.field_model(strategy, cf)
     grid = (npix, npix)
     if mask == "none":
         model = sv.Model(Partial(_exp_field, cf), cf.domain)
@@ -129,7 +136,9 @@ def child(args):
     jax.block_until_ready(jnp.ones(4) + 1)
     base = C.current_rss_mib()
     strategy = sv.parallel.ShardMap(devices=jax.devices(), model_shards=args.nproc)
-    cf, lh, pos0 = split_problem(sv, strategy, args.npix, args.blocks, args.seed, args.noise, args.mask)
+    cf, lh, pos0 = split_problem(
+        sv, strategy, args.npix, args.blocks, args.seed, args.noise, args.mask, args.power_index
+    )
     lin = sv.CGConfig(tol=None, maxiter=args.cg_iters)
     inner = sv.CGConfig(tol=None, maxiter=args.cg_iters)
     kl = sv.NewtonCGConfig(xtol=None, maxiter=args.newton_iters, cg=inner)
@@ -202,7 +211,9 @@ def _assemble(out, nproc, np):
 def _spawn(args, nproc, out):
     argv = [sys.executable, os.path.abspath(__file__), "--child", "--port", str(C.free_port())]
     argv += ["--nproc", str(nproc), "--out", out]
-    for flag in ("npix", "blocks", "pairs", "iterations", "cg_iters", "newton_iters", "seed", "noise", "mask"):
+    flags = ("npix", "blocks", "pairs", "iterations", "cg_iters", "newton_iters", "seed", "noise")
+    flags += ("mask", "power_index")
+    for flag in flags:
         argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     if args.trim_host_memory:
         argv.append("--trim-host-memory")
@@ -224,6 +235,13 @@ def add_problem_arguments(ap) -> None:
         default="none",
         help="none: data at every pixel; vector / grid: 60 %% of the pixels through sv.Mask, the data given as "
         "the mask's vector (whole on every process) or on the grid (each process its rows)",
+    )
+    ap.add_argument(
+        "--power-index",
+        choices=("split", "whole"),
+        default="split",
+        help="split: each process builds its rows of the field's power index (sv.parallel.field_model); "
+        "whole: every process holds all of it",
     )
     ap.add_argument(
         "--trim-host-memory",

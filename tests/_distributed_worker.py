@@ -79,18 +79,32 @@ def field_split_run(mp, process_id: int, out: str) -> None:
     import numpy as np
     from _model_parallel_problem import run_layout
     from jax.experimental import multihost_utils
-    from test_field_split import problem
+    from jax.tree_util import Partial
+    from test_field_split import exp_of, field, problem
 
     import shardvi as sv
 
-    model, d, std, pos = problem()
+    _, d, std, pos = problem()
     rows = sv.parallel.process_rows(mp, d.shape)
     assert rows == slice(4 * process_id, 4 * process_id + 4), rows  # the model axis runs across the processes
 
     def split(a):
         return sv.parallel.field_array(mp, a.shape, lambda r: np.asarray(a)[r])
 
+    # the field's power index split like the data (each process builds its rows only)
+    cf = sv.parallel.field_model(mp, field())
+    index = cf.grids[0].power_index
+    assert not index.is_fully_addressable and {s.data.shape for s in index.addressable_shards} == {(4, 8)}
+    model = sv.Model(Partial(exp_of, cf), cf.domain)
     lh = sv.Gaussian(split(d), noise_std=split(std)).amend(model, field_blocks=4)
+    # other arrays of the model split over processes are refused (the engine reads only power indices by rows)
+    weighted = sv.Model(Partial(lambda w, c, xi: w * exp_of(c, xi), split(np.ones(d.shape)), cf), cf.domain)
+    try:
+        sv.Gaussian(split(d), noise_std=split(std)).amend(weighted, field_blocks=4)
+    except ValueError as err:
+        assert "not the power index" in str(err), err
+    else:
+        raise AssertionError("a model array split over processes that is no power index was accepted")
     # the data of a Mask given on its grid, each process building its rows only: they stay split, and hold what
     # the data given whole as the mask's vector give
     from test_field_split import masked, masked_on_grid

@@ -146,6 +146,42 @@ def test_power_index_bins_every_mode_by_its_length(shape, dist):
     np.testing.assert_allclose(g.k_lengths, k, rtol=1e-9)  # anisotropic grids bin |k|^2 rounded to 1e-10
 
 
+@pytest.mark.parametrize("shape,dist", [((40, 30), 1.0), ((40, 30), (0.5, 2.0)), ((11, 4, 6), 0.5), ((300,), 1.0)])
+def test_power_index_built_in_row_blocks_and_by_rows(monkeypatch, shape, dist):
+    """Binned in row blocks of a few pixels (the build of a large grid) the grid is the one binned in one
+    block; any rows of the index built alone are those rows of the whole index (what each process of a
+    field split over processes builds). A long 1-D axis has sparse ``|n|^2`` keys (bisection, no table)."""
+    from shardvi.models import harmonic
+
+    whole = RegularGrid(shape, dist)
+    monkeypatch.setattr(harmonic, "_CHUNK_PIXELS", 7)  # blocks of one or a few rows
+    blocked = RegularGrid(shape, dist)
+    for name in ("mode_lengths", "power_index", "multiplicity", "log_mode_lengths"):
+        a, b = getattr(whole, name), getattr(blocked, name)
+        assert a.dtype == b.dtype and np.array_equal(a, b), name
+    for rows in (slice(0, shape[0]), slice(3, 9), slice(shape[0] - 1, shape[0]), slice(5, 5)):
+        part = blocked.power_index_rows(rows)
+        assert part.dtype == np.int32 and np.array_equal(part, whole.power_index[rows]), rows
+
+
+def test_power_index_of_a_long_one_dimensional_grid():
+    """``2**17`` pixels: the ``|n|^2`` keys reach ``2**32`` (a lookup table over them would be 4 GiB); every
+    distinct ``|n|`` is a bin, ``n`` and ``-n`` share it."""
+    n = 2**17
+    g = RegularGrid(n, 1.0 / n)
+    freq = np.fft.fftfreq(n, 1.0 / n).round().astype(np.int64)
+    np.testing.assert_array_equal(g.power_index, np.abs(freq))
+    np.testing.assert_array_equal(g.mode_lengths, np.arange(n // 2 + 1, dtype=np.float64))
+    assert g.multiplicity[0] == 1 and g.multiplicity[-1] == 1 and np.all(g.multiplicity[1:-1] == 2)
+
+
+@pytest.mark.parametrize("rows", [slice(0, 5, 2), slice(-1, 3), slice(2, 41), slice(3, 2), (0, 4), slice(0.0, 2)])
+def test_power_index_rows_refuses_what_is_no_row_range(rows):
+    g = RegularGrid((40, 30), 1.0)
+    with pytest.raises((TypeError, ValueError), match="rows must be"):
+        g.power_index_rows(rows)
+
+
 @pytest.mark.parametrize("shape,dist", [((32,), 0.3), ((12, 10), (0.5, 2.0)), ((6, 8, 5), (1.0, 0.2, 3.0))])
 @pytest.mark.slow
 def test_hartley_roundtrip_and_parseval(shape, dist):

@@ -70,3 +70,28 @@ def test_bad_arguments_raise_clear_errors(kwargs, exc, match):
     args.update(kwargs)
     with pytest.raises(exc, match=match):
         sv.parallel.field_array(args["strategy"], args["shape"], args["fill"])
+
+
+def test_field_model_splits_the_grids_power_index_by_rows():
+    """Each grid's power index built by rows (``power_index_rows``) and split as the data: the same values and
+    tree structure, so the same compiled programs; without a model axis the model itself; a model whose grids
+    hide in a closure is refused (nothing would be split)."""
+    from jax.tree_util import Partial
+    from test_field_split import exp_of, field
+
+    cf = field()
+    strategy = sv.parallel.ShardMap(devices=jax.devices()[:4], model_shards=2)
+    model = sv.Model(Partial(exp_of, cf), cf.domain)
+    split = sv.parallel.field_model(strategy, model)
+    assert jax.tree.structure(split) == jax.tree.structure(model)
+    index = split.call.args[0].grids[0].power_index
+    assert isinstance(index, jax.Array) and index.sharding.spec == P("model")
+    assert {s.data.shape for s in index.addressable_shards} == {(4, 8)}
+    np.testing.assert_array_equal(np.asarray(index), cf.grids[0].power_index)
+    for a, b in zip(jax.tree.leaves(split), jax.tree.leaves(model), strict=True):
+        assert a is b or b is cf.grids[0].power_index
+    xi = cf.init(jax.random.PRNGKey(0))
+    np.testing.assert_array_equal(jax.jit(lambda m, x: m(x))(split, xi), jax.jit(lambda m, x: m(x))(model, xi))
+    assert sv.parallel.field_model(sv.parallel.ShardMap(devices=jax.devices()[:2]), model) is model
+    with pytest.raises(ValueError, match="holds no grid in its pytree"):
+        sv.parallel.field_model(strategy, sv.Model(lambda xi: exp_of(cf, xi), cf.domain))

@@ -36,7 +36,8 @@ N = 8  # grid rows and columns: 4 blocks of 2 rows, 4 devices along either axis 
 
 
 @functools.cache
-def problem():
+def field():
+    """The problem's correlated field on the ``N x N`` grid."""
     cf = sv.CorrelatedFieldMaker("cf")
     cf.set_amplitude_total_offset(0.0, (0.5, 0.1))
     cf.add_fluctuations(
@@ -48,7 +49,16 @@ def problem():
         asperity=(0.2, 0.1),
         prefix="x",
     )
-    cf = cf.finalize()
+    return cf.finalize()
+
+
+def exp_of(cf, xi):
+    return jnp.exp(cf(xi))
+
+
+@functools.cache
+def problem():
+    cf = field()
     model = sv.Model(lambda xi: jnp.exp(cf(xi)), cf.domain)
     rng = np.random.default_rng(0)
     d = np.asarray(model(model.init(jax.random.PRNGKey(1)))) + 0.1 * rng.normal(size=(N, N))

@@ -45,6 +45,11 @@ def test_every_likelihood_carries_its_layout():
     blocked = sv.Gaussian(dd, noise_std=0.1).amend(dmodel, data_blocks=5)  # 12 data: the last block padded
     assert blocked.layout == DataBlocks(5) and blocked.layout.splits_data and blocked.layout.model_blocks == 5
     assert WHOLE.model_blocks is None and WHOLE.latent_split(model.domain) == {"xi": False, "scale": False}
+    # the likelihood of the data alone, whatever the layout (the Wiener filter's linear-Gaussian check asks it)
+    assert lh.data_likelihood is None and (lh + lh).amend(model).data_likelihood.__class__.__name__ == "SumLikelihood"
+    assert lh.amend(model).data_likelihood is lh and split.data_likelihood.__class__ is sv.Gaussian
+    assert isinstance(blocked.data_likelihood, sv.Gaussian)
+    assert np.shape(blocked.data_likelihood.data) == (15,)  # 12 data, padded to 5 blocks of 3
 
 
 def test_a_device_holds_its_rows_of_the_grid_leaves_only():

@@ -74,14 +74,66 @@ def _check_scales(shape, distances) -> None:
         )
 
 
-def _sum_of_squares(idx) -> np.ndarray:
-    """``sum_i idx_i**2`` of open index grids (int32 where it fits: half the memory of int64)."""
-    bound = sum(int(np.max(np.abs(i))) ** 2 for i in idx)
-    dtype = np.int32 if bound < 2**31 else np.int64
-    key = np.zeros(np.broadcast_shapes(*[i.shape for i in idx]), dtype=dtype)
-    for i in idx:
-        key += (i * i).astype(dtype)
-    return key
+# pixels of the row blocks the power index is built in (bounds the temporaries of a large grid's binning)
+_CHUNK_PIXELS = 1 << 20
+
+
+def _row_chunks(shape, rows: slice | None = None) -> list[slice]:
+    """Consecutive blocks of the rows ``rows`` of axis 0 (all by default), each of about ``_CHUNK_PIXELS`` pixels."""
+    start, stop = (0, shape[0]) if rows is None else (rows.start, rows.stop)
+    step = max(1, _CHUNK_PIXELS // math.prod(shape[1:]))
+    return [slice(a, min(a + step, stop)) for a in range(start, stop, step)]
+
+
+class _Bins:
+    """The ``|k|`` bins of a grid: the sorted distinct bin keys, their ``|k|``, and the bin numbers of any row block.
+
+    Keys are the integer ``|n|^2`` (``n`` the integer frequency indices) where the harmonic distances are
+    equal (exact bins, no floating-point near-duplicates), else ``|k|^2`` relative to the largest harmonic
+    cell, rounded to 10 digits. Built row block by row block: the temporaries stay a block's size, and a
+    block's bin numbers need no other rows (a process of a split field builds only its own).
+    """
+
+    def __init__(self, shape: tuple[int, ...], dk: tuple[float, ...]):
+        self.freqs = [np.fft.fftfreq(n, 1.0 / n).round().astype(np.int64) for n in shape]
+        self.dk = dk
+        self.isotropic = len(set(dk)) == 1
+        self.scale = max(dk) ** 2
+        bound = sum((n // 2) ** 2 for n in shape)  # the largest |n|^2
+        self.dtype = np.int32 if bound < 2**31 else np.int64
+        chunks = _row_chunks(shape)
+        if self.isotropic and bound < 8 * math.prod(shape):  # a lookup table over the keys' range
+            present = np.zeros(bound + 1, dtype=bool)
+            for rows in chunks:
+                present[self.keys(rows).ravel()] = True
+            uniq = np.flatnonzero(present)
+            self._rank = np.cumsum(present, dtype=np.int32) - 1  # a key's position among the sorted keys
+        else:  # sparse keys (a long 1-D axis, anisotropic cells): sorted, looked up by bisection
+            uniq = np.unique(np.concatenate([np.unique(self.keys(rows)) for rows in chunks]))
+            self._rank = None
+        self._uniq = uniq
+        if self.isotropic:
+            self.lengths = dk[0] * np.sqrt(uniq.astype(np.float64))
+        else:
+            self.lengths = np.sqrt(uniq * self.scale)
+
+    def keys(self, rows: slice) -> np.ndarray:
+        """The bin keys of the rows ``rows``, shape ``(rows,) + shape[1:]``."""
+        idx = np.ix_(self.freqs[0][rows], *self.freqs[1:])
+        if self.isotropic:
+            key = np.zeros(np.broadcast_shapes(*[i.shape for i in idx]), dtype=self.dtype)
+            for i in idx:
+                key += (i * i).astype(self.dtype)
+            return key
+        k2 = sum((i * d) ** 2 for i, d in zip(idx, self.dk))
+        return np.round(k2 / self.scale, 10)
+
+    def index(self, rows: slice) -> np.ndarray:
+        """The bin numbers (int32) of the rows ``rows``, shape ``(rows,) + shape[1:]``."""
+        key = self.keys(rows)
+        if self._rank is not None:
+            return self._rank[key]
+        return np.searchsorted(self._uniq, key).astype(np.int32)
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -129,32 +181,63 @@ class RegularGrid(Module):
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "distances", dist)
         _check_scales(shape, dist)
-        # integer frequency indices make |k| bins exact (no floating-point near-duplicates); open
-        # (broadcasting) index grids: the only grid-sized arrays are the key and the index
-        idx = np.ix_(*[np.fft.fftfreq(n, 1.0 / n).round().astype(np.int64) for n in shape])
-        dk = self.harmonic_distances
-        if len(set(dk)) == 1:  # isotropic: bin on the integer |n|^2, a table over its range
-            key = _sum_of_squares(idx)
-            present = np.zeros(int(key.max()) + 1, dtype=bool)
-            present[key.ravel()] = True
-            uniq = np.flatnonzero(present)
-            inv = (np.cumsum(present, dtype=np.int64) - 1).astype(np.int32)[key]  # rank among the sorted keys
-            del key
-            lengths = dk[0] * np.sqrt(uniq.astype(np.float64))
-        else:
-            k2 = sum((i * d) ** 2 for i, d in zip(idx, dk))
-            scale = max(dk) ** 2
-            uniq, inv = np.unique(np.round(k2 / scale, 10), return_inverse=True)
-            inv = inv.astype(np.int32)
-            lengths = np.sqrt(uniq * scale)
-        inv = inv.reshape(shape)
+        bins = _Bins(shape, self.harmonic_distances)
+        inv = np.empty(shape, dtype=np.int32)
+        counts = np.zeros(len(bins.lengths), dtype=np.int64)
+        for rows in _row_chunks(shape):  # row by row block: no grid-sized temporaries beyond the index itself
+            inv[rows] = part = bins.index(rows)
+            counts += np.bincount(part.ravel(), minlength=len(counts))
+        lengths = bins.lengths
         object.__setattr__(self, "mode_lengths", _frozen(lengths))
         object.__setattr__(self, "power_index", _frozen(inv))
-        object.__setattr__(
-            self, "multiplicity", _frozen(np.bincount(inv.ravel(), minlength=len(lengths)).astype(np.int64))
-        )
+        object.__setattr__(self, "multiplicity", _frozen(counts))
         lk = np.log(lengths[1:])
         object.__setattr__(self, "log_mode_lengths", _frozen(lk - lk[0]))
+
+    def power_index_rows(self, rows: slice) -> np.ndarray:
+        """The rows ``rows`` of :attr:`power_index`, built without the others.
+
+        Parameters
+        ----------
+        rows : slice
+            ``slice(start, stop)`` of axis 0, ``0 <= start <= stop <= shape[0]`` (step 1).
+
+        Returns
+        -------
+        ndarray of int32, shape ``(stop - start,) + shape[1:]``
+            Equal to ``power_index[rows]``. The grid's bins are found in one pass
+            over all rows in blocks (no grid-sized temporaries), so a process of
+            a field split over processes holds only its own rows of the index
+            (:func:`shardvi.parallel.field_model`).
+        """
+        if not isinstance(rows, slice) or rows.step not in (None, 1):
+            raise TypeError(f"rows must be a slice of axis 0 with step 1, got {rows!r}")
+        start, stop = rows.start, rows.stop
+        ints = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (start, stop))
+        if not (ints and 0 <= start <= stop <= self.shape[0]):
+            raise ValueError(f"rows must be slice(start, stop), 0 <= start <= stop <= {self.shape[0]}, got {rows!r}")
+        bins = _Bins(self.shape, self.harmonic_distances)
+        out = np.empty((stop - start,) + self.shape[1:], dtype=np.int32)
+        for block in _row_chunks(self.shape, slice(int(start), int(stop))):
+            out[block.start - start : block.stop - start] = bins.index(block)
+        return out
+
+    def split_rows(self, strategy) -> RegularGrid:
+        """This grid with :attr:`power_index` split by rows over ``strategy``'s model axis.
+
+        Each process builds only the rows its devices hold
+        (:func:`~shardvi.parallel.field_array` of :meth:`power_index_rows`);
+        the grid itself where nothing is split (``model_shards = 1``, a 1-D
+        grid, or rows that ``model_shards`` does not divide). Called for every
+        grid of a model by :func:`shardvi.parallel.field_model`.
+        """
+        from ..parallel.field_arrays import field_array, model_shards
+
+        k = model_shards(strategy)
+        if k == 1 or self.ndim < 2 or self.shape[0] % k:
+            return self
+        index = field_array(strategy, self.shape, self.power_index_rows, dtype=np.int32)
+        return self._replaced(power_index=index)
 
     @property
     def ndim(self) -> int:

@@ -13,8 +13,8 @@ results for any device count (the contract is in :class:`Strategy`'s
 docstring; see also :mod:`shardvi.parallel.reproducible`). Also:
 :func:`collectives` (count all-reduce / all-gather ops in compiled HLO) and
 :func:`initialize_distributed` (multi-process runs), :func:`field_array` /
-:func:`process_rows` (grid-shaped data and start positions each process builds
-only its rows of), :func:`slab_fftn` /
+:func:`field_model` / :func:`process_rows` (grid-shaped data, start positions
+and model grids each process builds only its rows of), :func:`slab_fftn` /
 :func:`slab_hartley` (FFTs of a grid split into slabs over a mesh axis), and
 :class:`GridLayout` / :class:`Slab` (a grid cut into fixed blocks over the
 model axis: sums, tables and draws that are bitwise the same on any layout,
@@ -27,7 +27,7 @@ import importlib
 from .._xla_flags import depth_first_cpu_schedule
 from .collectives import CollectiveCounts, collectives, count_collectives
 from .distributed import DistributedTimeoutError, initialize_distributed, is_distributed, shutdown_distributed
-from .field_arrays import field_array, process_rows
+from .field_arrays import field_array, field_model, process_rows
 from .grid import GridLayout, Slab
 from .jit_sharding import JitSharding
 from .lax_map import LaxMap
@@ -85,6 +85,7 @@ __all__ = [
     "collectives",
     "depth_first_cpu_schedule",
     "field_array",
+    "field_model",
     "get_strategy",
     "initialize_distributed",
     "is_distributed",

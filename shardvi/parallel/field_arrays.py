@@ -23,12 +23,13 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import tree_util as jtu
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .mesh import MODEL_AXIS
 
-__all__ = ["field_array", "process_rows", "is_global"]
+__all__ = ["field_array", "field_model", "process_rows", "is_global"]
 
 
 def is_global(x) -> bool:
@@ -47,7 +48,8 @@ def _shape(shape) -> tuple[int, ...]:
     return tuple(int(n) for n in out)
 
 
-def _model_shards(strategy) -> int:
+def model_shards(strategy) -> int:
+    """``strategy``'s number of model shards (1 without a model axis); ``TypeError`` for no strategy."""
     from .strategy import Strategy
 
     if not isinstance(strategy, Strategy):
@@ -56,7 +58,7 @@ def _model_shards(strategy) -> int:
 
 
 def _split_sharding(strategy, shape) -> NamedSharding:
-    k = _model_shards(strategy)
+    k = model_shards(strategy)
     if shape[0] % k:
         raise ValueError(f"model_shards={k} does not divide the grid's {shape[0]} rows (shape[0] of {shape})")
     return NamedSharding(strategy.mesh, P(MODEL_AXIS))
@@ -85,7 +87,7 @@ def process_rows(strategy, shape) -> slice:
         ``slice(start, stop)`` of the rows (axis 0).
     """
     shape = _shape(shape)
-    if _model_shards(strategy) == 1:
+    if model_shards(strategy) == 1:
         return slice(0, shape[0])
     index_map = _split_sharding(strategy, shape).addressable_devices_indices_map(shape)
     spans = sorted({_row_span(ix, shape) for ix in index_map.values()})
@@ -147,7 +149,7 @@ def field_array(strategy, shape, fill: Callable[[slice], np.ndarray], dtype=None
             done[(start, stop)] = a if canonical == a.dtype else a.astype(canonical)
         return done[(start, stop)]
 
-    if _model_shards(strategy) == 1:
+    if model_shards(strategy) == 1:
         return jnp.asarray(rows_of(0, shape[0]))
     sharding = _split_sharding(strategy, shape)
 
@@ -155,3 +157,47 @@ def field_array(strategy, shape, fill: Callable[[slice], np.ndarray], dtype=None
         return rows_of(*_row_span(index, shape))[(slice(None),) + tuple(index[1:])]
 
     return jax.make_array_from_callback(shape, sharding, local)
+
+
+def field_model(strategy, model):
+    """``model`` with the grid-shaped arrays it holds split by rows over ``strategy``'s model axis.
+
+    The model's grids (every node of its pytree with a ``split_rows(strategy)``
+    method: a :class:`~shardvi.models.harmonic.RegularGrid`, whose power index
+    takes 4 bytes per pixel) are replaced by their ``split_rows(strategy)``:
+    each process builds and holds only the rows its devices hold, as
+    :func:`field_array` does for data. A likelihood amended with
+    ``field_blocks`` reads them row by row; the run is bitwise the one with
+    the whole model.
+
+    >>> cf = sv.parallel.field_model(strategy, cfm.finalize())   # drop the whole one
+    >>> model = sv.Model(jax.tree_util.Partial(lambda cf, xi: jnp.exp(cf(xi)), cf), cf.domain)
+
+    Parameters
+    ----------
+    strategy : shardvi.parallel.Strategy
+        The run's strategy. With ``model_shards = 1`` ``model`` is returned as it is.
+    model : pytree
+        A model (or anything holding grids as pytree nodes). Grids hidden in a
+        Python closure are not found: hold them as attributes or in a
+        ``jax.tree_util.Partial``, as above.
+
+    Returns
+    -------
+    pytree
+        ``model`` with its grids split (the same tree structure).
+
+    Raises
+    ------
+    ValueError
+        With ``model_shards > 1``, where ``model``'s pytree holds no grid.
+    """
+    if model_shards(strategy) == 1:
+        return model
+    splits = lambda node: callable(getattr(node, "split_rows", None))  # noqa: E731
+    if not any(splits(n) for n in jtu.tree_leaves(model, is_leaf=splits)):
+        raise ValueError(
+            f"model ({type(model).__name__}) holds no grid in its pytree (nothing to split): a grid a function "
+            f"closes over is hidden; pass the field model itself, or hold it in a jax.tree_util.Partial"
+        )
+    return jtu.tree_map(lambda n: n.split_rows(strategy) if splits(n) else n, model, is_leaf=splits)

@@ -290,6 +290,11 @@ class BlockedLikelihood(Likelihood):
         return DataBlocks(self.n_blocks)
 
     @property
+    def data_likelihood(self) -> Likelihood:
+        """The likelihood of the blocks' data (the data padded to whole blocks, inert where padded)."""
+        return self.blocks["likelihood"]
+
+    @property
     def padded(self) -> bool:
         """Whether the blocks end with inert padding (``data_blocks`` does not divide the data)."""
         return "real" in self.blocks

@@ -198,6 +198,13 @@ class FieldSplitLikelihood(AmendedLikelihood):
         # static: which of the model's leaves hold the grid's rows and are read row by row (a correlated
         # field's power index): split over a model axis like the data (no whole copy on every device)
         self.model_split = _row_local_model_leaves(model, grid)
+        stray = [x.shape for x, s in zip(jtu.tree_leaves(model), self.model_split) if is_global(x) and not s]
+        if stray:
+            raise ValueError(
+                f"field_blocks: the model holds arrays split over processes (shapes {stray}) that are not the power "
+                f"index of a grid of the data's shape {sorted(grid)}: only those are read row by row "
+                f"(sv.parallel.field_model splits them); build the others whole"
+            )
 
     @property
     def layout(self) -> FieldRows:

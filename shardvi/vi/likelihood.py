@@ -162,6 +162,13 @@ class Likelihood(Module):
         """
         return WHOLE
 
+    @property
+    def data_likelihood(self) -> Likelihood | None:
+        """The likelihood of the data alone that this one was amended from (``lh`` of ``lh.amend(model, ...)``;
+        its blocks' for cut data), or ``None`` where this one is not an amended likelihood (a likelihood on
+        the data themselves, a sum, a custom one)."""
+        return None
+
     #: Set ``True`` in a subclass whose explicit :meth:`left_sqrt_metric` is ``(dT/ds)^T e``, the transpose of the
     #: transformation's linearization (e.g. a transformation ``T(s) = W s`` with a self-adjoint ``W`` and square
     #: root ``e -> W e``). The geoVI update then draws its metric sample with the linearization of ``T`` it
@@ -443,6 +450,10 @@ class AmendedLikelihood(Likelihood):
         self.domain = model.domain
         # a likelihood with a metric but neither transformation nor left square root has no lsm
         self.lsm_tangents_shape = likelihood.lsm_tangents_shape
+
+    @property
+    def data_likelihood(self) -> Likelihood:
+        return self.likelihood
 
     def energy(self, xi):
         return self.likelihood.energy(self.model(xi))

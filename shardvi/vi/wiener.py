@@ -34,7 +34,6 @@ from ..models.model import check_latent
 from ..parallel.memory import check_memory
 from ..parallel.reproducible import engine_options_key, reproducible_jit
 from ..parallel.strategy import Placed, Strategy, get_strategy
-from .blocked import BlockedLikelihood
 from .field_split import one_zero_residual
 from .gaussian import Gaussian
 from .kl import kl_metric, kl_value_and_grad
@@ -97,25 +96,18 @@ def _check_likelihood(lh, space: str) -> None:
     if not isinstance(lh, Likelihood):
         raise TypeError(f"likelihood must be a shardvi Likelihood, got {type(lh).__name__}")
     lh.layout.require("wiener_filter_posterior")
-    if isinstance(lh, BlockedLikelihood):
-        if not isinstance(lh.blocks["likelihood"], Gaussian):
-            raise TypeError(
-                "wiener_filter_posterior needs a linear-Gaussian problem: lh = sv.Gaussian(...).amend(model, "
-                f"data_blocks=B); got blocked data of a {lh._likelihood_type} (use sv.optimize_kl for other "
-                "likelihoods)"
-            )
-        if space != "signal":
-            raise ValueError(
-                "space='data' needs the whitened response on the whole data, which blocked data (data_blocks) "
-                "never assemble: use space='signal' (its solves run in the latent space, summed over the blocks)"
-            )
-        return
-    if type(lh) is not AmendedLikelihood or not isinstance(lh.likelihood, Gaussian):
+    data = lh.data_likelihood
+    if not isinstance(data, Gaussian):
+        got = type(lh).__name__ + ("" if data is None else f" of {type(data).__name__}")
         raise TypeError(
             "wiener_filter_posterior needs a linear-Gaussian problem: lh = sv.Gaussian(...).amend(model) with a "
-            f"model affine in the latent; got {type(lh).__name__}"
-            + (f" of {type(lh.likelihood).__name__}" if isinstance(lh, AmendedLikelihood) else "")
-            + " (use sv.optimize_kl for other likelihoods)"
+            f"model affine in the latent; got {got} (use sv.optimize_kl for other likelihoods)"
+        )
+    if space == "data" and lh.layout.splits_data:
+        raise ValueError(
+            f"space='data' needs the whitened response on the whole data, which {lh.layout.name} "
+            f"({lh.layout.argument}) never assemble: use space='signal' (its solves run in the latent space, "
+            "summed over the blocks)"
         )
 
 
