@@ -108,8 +108,8 @@ def optimize_kl(
     nonlinear_update : NewtonCGConfig or callable(iteration) -> NewtonCGConfig
         Newton-CG of the geoVI update, one per sample (used by the
         ``nonlinear_*`` modes). Default ``NewtonCGConfig(xtol=1e-6, maxiter=50,
-        cg=CGConfig(tol=1e-6, maxiter=500))``: the update is a root problem, where
-        inner solves to ``1e-6`` keep Newton's quadratic convergence.
+        cg=CGConfig(tol=1e-8, maxiter=500))``: the update is a root problem, where
+        tight inner solves keep Newton's quadratic convergence.
     kl_minimization : Minimizer or callable(iteration) -> Minimizer
         Minimizer of the sample-averaged KL: ``NewtonCGConfig`` (line search),
         ``TrustRegionConfig`` (Steihaug trust region), ``OptaxConfig`` or any

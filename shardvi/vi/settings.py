@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 DEFAULT_LINEAR_SAMPLING = CGConfig(tol=1e-6, maxiter=500)
-DEFAULT_NONLINEAR_UPDATE = NewtonCGConfig(xtol=1e-6, maxiter=50, cg=CGConfig(tol=1e-6, maxiter=500))
+DEFAULT_NONLINEAR_UPDATE = NewtonCGConfig(xtol=1e-6, maxiter=50, cg=CGConfig(tol=1e-8, maxiter=500))
 DEFAULT_KL_MINIMIZATION = NewtonCGConfig(xtol=1e-6, maxiter=35)
 
 _CONFIGS = (CGConfig, NewtonCGConfig, Minimizer)  # callables that are settings, not callable(iteration)
