@@ -419,3 +419,8 @@ def test_sample_status_raises_and_the_warning_names_the_field():
     assert "raise nonlinear_update.maxiter (now 7), e.g. nonlinear_update=sv.NewtonCGConfig(..., maxiter=14)" in msg
     assert "category=sv.ConvergenceWarning" in msg
     assert unconverged_message([0, 0], 3, 5, "sampling (geoVI update)", "nonlinear_update", None) is None
+    # a failed line search alone: the precision floor, and for the geoVI update a fold of the coordinate map
+    msg = unconverged_message([0, 4], 3, 5, "sampling (geoVI update)", "nonlinear_update", NewtonCGConfig())
+    assert "precision floor of nonlinear_update" in msg and "fold of the sample's coordinate map" in msg
+    msg = unconverged_message([0, 4], 3, 5, "KL minimization", "kl_minimization", NewtonCGConfig())
+    assert "precision floor of kl_minimization" in msg and "fold" not in msg

@@ -64,6 +64,12 @@ def unconverged_message(codes, nit, total, stage, field, config) -> str | None:
             f" A failed line search usually means the solve reached the precision floor of {field} near its "
             "solution; a looser tolerance (xtol / absdelta) lets it stop as converged."
         )
+        if field == "nonlinear_update":
+            head += (
+                " In the geoVI update it can also mean a fold of the sample's coordinate map (its Jacobian "
+                "singular) between the solve and a root: no Newton step gets past it, and the sample is kept "
+                "where its residual stopped falling."
+            )
     return head + ' Silence: warnings.filterwarnings("ignore", category=sv.ConvergenceWarning).'
 
 
