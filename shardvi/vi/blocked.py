@@ -44,6 +44,7 @@ from ..parallel.blocks import block_sum
 from .diagnostics import _real_dof, chi2_sums
 from .layout import WHOLE, Layout
 from .likelihood import AmendedLikelihood, Likelihood, _check_model_matches_data, pulled_back_transformation_at
+from .masks import project
 from .samples import Samples
 
 __all__ = ["BlockedLikelihood", "DataBlocks", "assemble_process_blocks"]
@@ -388,6 +389,38 @@ class BlockedLikelihood(Likelihood):
 
     def _data_noise_sample(self, lsm, key):
         return lsm(key)
+
+    def geovi_root(self, xi_bar, keep):
+        """:meth:`Likelihood.geovi_root` with the blocks' operators (sums over blocks, not differentiated).
+
+        The same root problem: ``delta(r) = r + phi(r) - y`` with ``phi`` of
+        :meth:`geovi_operators`; gradient ``J_delta^T delta`` and Gauss-Newton
+        ``J_delta^T J_delta`` from ``phi``'s linearization (restricted to the
+        entries where ``keep`` is True).
+        """
+        phi, phi_jvp, phi_vjp = self.geovi_operators(xi_bar)
+        lsm, _ = self.sampling_operators(xi_bar)
+
+        def problem(y):
+            def delta(r):
+                r = project(keep, r)
+                return project(keep, tm.sub(tm.add(r, phi(r)), y))
+
+            def jac_t(r, w):  # J_delta(r)^T w
+                w = project(keep, w)
+                return project(keep, tm.add(w, phi_vjp(project(keep, r), w)))
+
+            def jac(r, v):  # J_delta(r) v
+                v = project(keep, v)
+                return project(keep, tm.add(v, phi_jvp(project(keep, r), v)))
+
+            def fun_and_grad(r):
+                d = delta(r)
+                return 0.5 * tm.vdot(d, d), jac_t(r, d)
+
+            return fun_and_grad, lambda r, v: jac_t(r, jac(r, v)), None
+
+        return lsm, problem
 
     def geovi_operators(self, pos):
         """``(phi, phi_jvp, phi_vjp)`` of the geoVI map ``phi(r) = Jbar^T (x(pos + r) - x(pos))``.

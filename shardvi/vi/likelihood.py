@@ -20,6 +20,7 @@ from .. import tree_math as tm
 from ..models.model import Model, normalize_domain
 from ..module import Module
 from .layout import WHOLE, Layout
+from .masks import project
 
 __all__ = ["AmendedLikelihood", "FunctionLikelihood", "Likelihood", "SumLikelihood"]
 
@@ -265,6 +266,45 @@ class Likelihood(Module):
         two. The default is ``(partial(left_sqrt_metric, s), metric_operator(s))``.
         """
         return functools.partial(self.left_sqrt_metric, s), self.metric_operator(s)
+
+    def geovi_root(self, xi_bar, keep) -> tuple[Callable, Callable]:
+        """The geoVI update's root problem at ``xi_bar``: ``(lsm, problem)``.
+
+        ``lsm`` (``e -> L e``) draws the metric sample ``y`` (``e -> Jbar^T e``
+        where that is the likelihood's square root: one model evaluation fewer);
+        ``problem(y)`` is ``(fun_and_grad, hessp, hessp_at)`` of
+        ``|delta(r)|^2 / 2``, ``delta(r) = r + Jbar^T (x(xi_bar + r) - x(xi_bar)) - y``
+        with ``x`` the coordinates :meth:`transformation_at` ``xi_bar`` and
+        ``Jbar`` their Jacobian there, restricted to the entries where ``keep``
+        is True; ``hessp`` is the Gauss-Newton ``J_delta^T J_delta`` and
+        ``hessp_at(r)`` (or ``None``) that operator linearized once at ``r``.
+        A likelihood whose data are cut into blocks sums the same terms over
+        its blocks.
+        """
+        # the likelihood's coordinates around xi_bar (for a curved Fisher geometry they depend on it)
+        transformation = self.transformation_at(xi_bar)
+        # linearized (not jax.vjp): its residuals pass a barrier, and jbar_t runs in every pass of the Newton-CG loops
+        x_bar, _, jbar_t = tm.linearize_with_adjoint(transformation, xi_bar)
+        lsm = jbar_t if self._lsm_from_transformation else functools.partial(self.left_sqrt_metric, xi_bar)
+
+        def problem(y):
+            def delta(r):
+                r = project(keep, r)
+                xr = transformation(tm.add(xi_bar, r))
+                g = tm.add(r, jbar_t(tm.sub(xr, x_bar)))
+                return project(keep, tm.sub(g, y))
+
+            def fun_and_grad(r):
+                d, vjp = jax.vjp(delta, r)
+                return 0.5 * tm.vdot(d, d), tm.linear_adjoint(vjp)(d)
+
+            def hessp_at(r):  # Gauss-Newton J_g^T J_g at r: delta evaluated and linearized once per Newton step
+                _, jvp, adj = tm.linearize_with_adjoint(delta, r)
+                return lambda v: adj(jvp(v))
+
+            return fun_and_grad, lambda r, v: hessp_at(r)(v), hessp_at
+
+        return lsm, problem
 
     def _data_noise_sample(self, lsm, key):
         """``lsm(e1)`` with white noise ``e1`` (shaped like ``lsm_tangents_shape``) drawn from ``key``."""

@@ -164,33 +164,9 @@ def nonlinearly_update_residual(
             "and their amend/sum provide it)"
         )
     keep = _keep(lh, sample_mask)
-    if lh.layout.splits_data:
-        return _blocked_update(lh, pos, residual, metric_sample_key, metric_sample_sign, config, keep)
-    # the likelihood's coordinates around pos (for a curved Fisher geometry they depend on it)
-    transformation = lh.transformation_at(pos)
-    # linearized (not jax.vjp): its residuals pass a barrier, and jbar_t runs in every pass of the Newton-CG loops
-    x_bar, _, jbar_t = tm.linearize_with_adjoint(transformation, pos)
-    # the metric sample's square root: Jbar^T itself where that is the likelihood's (one model evaluation fewer
-    # in the program), else the likelihood's own
-    lsm = jbar_t if lh._lsm_from_transformation else functools.partial(lh.left_sqrt_metric, pos)
+    lsm, problem = lh.geovi_root(pos, keep)
     y = tm.scale(metric_sample_sign, _metric_sample_parts(lh, lsm, metric_sample_key, keep)[0])
-
-    def delta(r):
-        r = project(keep, r)
-        xr = transformation(tm.add(pos, r))
-        g = tm.add(r, jbar_t(tm.sub(xr, x_bar)))
-        return project(keep, tm.sub(g, y))
-
-    def fun_and_grad(r):
-        d, vjp = jax.vjp(delta, r)
-        return 0.5 * tm.vdot(d, d), tm.linear_adjoint(vjp)(d)
-
-    def hessp_at(r):  # Gauss-Newton J_g^T J_g at r: delta evaluated and linearized once per Newton step
-        _, jvp, adj = tm.linearize_with_adjoint(delta, r)
-        return lambda v: adj(jvp(v))
-
-    def hessp(r, v):
-        return hessp_at(r)(v)
+    fun_and_grad, hessp, hessp_at = problem(y)
 
     # J_g^T J_g is positive semi-definite by construction (min_curvature=0: no gradient fallback); at r = 0 it is
     # Mbar^2 >= I, the curvature floor that bounds what an inner CG stopped early leaves of the Newton step
@@ -225,40 +201,3 @@ def _from_residual_else_zero(solve, residual, y, keep) -> Solution:
     count = jnp.zeros((), jnp.int32)  # the solvers' counters and status are int32 scalars
     init = Solution(zero, jnp.zeros((), at_zero.dtype), zero, count, count, count, count)
     return jax.lax.while_loop(again, attempt, (jnp.int32(0), init))[1]
-
-
-def _blocked_update(lh, pos, residual, key, sign, config, keep):
-    """The geoVI update of a likelihood with blocked data (its operators: sums over blocks, not differentiated).
-
-    The same root problem as the unblocked path: ``delta(r) = r + phi(r) - sign*y`` with
-    ``phi(r) = Jbar^T (x(pos + r) - x(pos))``; gradient ``J_delta^T delta`` and Gauss-Newton
-    ``J_delta^T J_delta`` from ``phi``'s linearization (restricted to the sampled entries).
-    """
-    phi, phi_jvp, phi_vjp = lh.geovi_operators(pos)
-    lsm, _ = lh.sampling_operators(pos)
-    y = tm.scale(sign, _metric_sample_parts(lh, lsm, key, keep)[0])
-
-    def delta(r):
-        r = project(keep, r)
-        return project(keep, tm.sub(tm.add(r, phi(r)), y))
-
-    def jac_t(r, w):  # J_delta(r)^T w
-        w = project(keep, w)
-        return project(keep, tm.add(w, phi_vjp(project(keep, r), w)))
-
-    def jac(r, v):  # J_delta(r) v
-        v = project(keep, v)
-        return project(keep, tm.add(v, phi_jvp(project(keep, r), v)))
-
-    def fun_and_grad(r):
-        d = delta(r)
-        return 0.5 * tm.vdot(d, d), jac_t(r, d)
-
-    def hessp(r, v):
-        return jac_t(r, jac(r, v))
-
-    def solve(start):
-        return newton_cg(fun_and_grad, hessp, start, config, min_curvature=0.0, xtol_curvature=1.0)
-
-    res = _from_residual_else_zero(solve, project(keep, residual), y, keep)
-    return res.x, res
