@@ -180,7 +180,12 @@ class FieldSplitLikelihood(AmendedLikelihood):
             self.likelihood = likelihood
         rows = _grid_rows(likelihood)
         if rows % int(field_blocks):
-            raise ValueError(f"field_blocks={field_blocks} does not divide the grid's {rows} rows (axis 0 of the data)")
+            divisors = [b for b in range(1, rows + 1) if rows % b == 0]
+            raise ValueError(
+                f"field_blocks={field_blocks} does not divide the grid's {rows} rows (axis 0 of the data): every "
+                f"block holds the same whole rows; use a divisor of {rows} (one of {divisors}) that the strategy's "
+                f"model_shards divides"
+            )
         grid = {tuple(d.shape) for d in jtu.tree_leaves(likelihood.domain)}
         lsm = likelihood.lsm_tangents_shape
         if lsm is not None and any(np.shape(d)[:1] != (rows,) for d in jtu.tree_leaves(lsm)):
