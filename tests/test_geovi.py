@@ -94,13 +94,8 @@ class _PointCoordinatesGaussian(sv.VariableCovarianceGaussian):
         return e[0] / s[1], 2**0.5 * e[1] / s[1]
 
 
-def test_a_geovi_solve_that_ends_in_a_local_minimum_is_solved_again_from_zero(monkeypatch):
-    """``noise_gauss`` (benchmarks/accuracy_problems.py, a learned noise scale) with point-built geoVI
-    coordinates, at a stored expansion point and key where the Newton descent from the linear residual ends
-    in a local minimum of ``|delta|^2/2`` (4.99e4) far above its value at zero (``|y|^2/2`` = 525) with the
-    observation scale at 2.2 (the position's: 0.089): the update solves once more from zero and ends below
-    ``|y|^2/2`` at a scale near the position's, counting the Newton steps of both solves. Where the first
-    solve ends closer to the root than zero is, the result is that solve's, to the bit."""
+def _noise_gauss_at(stored_name):
+    """``noise_gauss`` (benchmarks/accuracy_problems.py) and a stored expansion point: ``(problem, npz, pos)``."""
     import os
     import sys
 
@@ -108,14 +103,24 @@ def test_a_geovi_solve_that_ends_in_a_local_minimum_is_solved_again_from_zero(mo
     sys.path.insert(0, os.path.join(root, "benchmarks"))
     import accuracy_problems
 
+    stored = np.load(os.path.join(root, "tests", "data", stored_name))
+    pos = {k: jnp.asarray(stored[f"pos_{k}"]) for k in ("path", "innov", "obs")}
+    return accuracy_problems.make("noise_gauss"), stored, pos
+
+
+def test_a_geovi_solve_that_ends_in_a_local_minimum_is_solved_again_from_zero(monkeypatch):
+    """``noise_gauss`` (benchmarks/accuracy_problems.py, a learned noise scale) with point-built geoVI
+    coordinates, at a stored expansion point and key where the Newton descent from the linear residual ends
+    in a local minimum of ``|delta|^2/2`` (4.99e4) far above its value at zero (``|y|^2/2`` = 525) with the
+    observation scale at 2.2 (the position's: 0.089): the update solves once more from zero and ends below
+    ``|y|^2/2`` at a scale near the position's, counting the Newton steps of both solves. Where the first
+    solve ends closer to the root than zero is, the result is that solve's, to the bit."""
     from shardvi.vi import sampling
 
-    problem = accuracy_problems.make("noise_gauss")
+    problem, stored, pos = _noise_gauss_at("noise_gauss_geovi_local_minimum.npz")
     base = problem.lh.likelihood
     assert type(base) is sv.VariableCovarianceGaussian
     lh = _PointCoordinatesGaussian(base.data).amend(problem.lh.model)
-    stored = np.load(os.path.join(root, "tests", "data", "noise_gauss_geovi_local_minimum.npz"))
-    pos = {k: jnp.asarray(stored[f"pos_{k}"]) for k in ("path", "innov", "obs")}
     key = jnp.asarray(stored["key"])
     config = sv.NewtonCGConfig(
         xtol=0.0, maxiter=20, cg=sv.CGConfig(tol=0.5, miniter=6, maxiter=200), energy_reduction_factor=0.1
@@ -142,16 +147,7 @@ def test_a_geovi_solve_that_ends_in_a_local_minimum_is_solved_again_from_zero(mo
 
 def _noise_gauss_steps(stored_name, keys, signs, config):
     """Newton steps and statuses of the geoVI updates of ``noise_gauss`` at a stored expansion point."""
-    import os
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sys.path.insert(0, os.path.join(root, "benchmarks"))
-    import accuracy_problems
-
-    problem = accuracy_problems.make("noise_gauss")
-    stored = np.load(os.path.join(root, "tests", "data", stored_name))
-    pos = {k: jnp.asarray(stored[f"pos_{k}"]) for k in ("path", "innov", "obs")}
+    problem, _, pos = _noise_gauss_at(stored_name)
 
     def one(key, sign):
         r_lin, _ = sv.draw_linear_residual(problem.lh, pos, key, sv.CGConfig(tol=1e-6, maxiter=500))

@@ -95,6 +95,7 @@ class _Bins:
     """
 
     def __init__(self, shape: tuple[int, ...], dk: tuple[float, ...]):
+        self.shape = shape
         self.freqs = [np.fft.fftfreq(n, 1.0 / n).round().astype(np.int64) for n in shape]
         self.dk = dk
         self.isotropic = len(set(dk)) == 1
@@ -134,6 +135,13 @@ class _Bins:
         if self._rank is not None:
             return self._rank[key]
         return np.searchsorted(self._uniq, key).astype(np.int32)
+
+    def rows(self, rows: slice) -> np.ndarray:
+        """:meth:`index` of the rows ``rows`` computed row block by row block (temporaries of a block's size)."""
+        out = np.empty((rows.stop - rows.start,) + self.shape[1:], dtype=np.int32)
+        for block in _row_chunks(self.shape, rows):
+            out[block.start - rows.start : block.stop - rows.start] = self.index(block)
+        return out
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -182,11 +190,10 @@ class RegularGrid(Module):
         object.__setattr__(self, "distances", dist)
         _check_scales(shape, dist)
         bins = _Bins(shape, self.harmonic_distances)
-        inv = np.empty(shape, dtype=np.int32)
+        inv = bins.rows(slice(0, shape[0]))  # no grid-sized temporaries beyond the index itself
         counts = np.zeros(len(bins.lengths), dtype=np.int64)
-        for rows in _row_chunks(shape):  # row by row block: no grid-sized temporaries beyond the index itself
-            inv[rows] = part = bins.index(rows)
-            counts += np.bincount(part.ravel(), minlength=len(counts))
+        for rows in _row_chunks(shape):
+            counts += np.bincount(inv[rows].ravel(), minlength=len(counts))
         lengths = bins.lengths
         object.__setattr__(self, "mode_lengths", _frozen(lengths))
         object.__setattr__(self, "power_index", _frozen(inv))
@@ -216,11 +223,7 @@ class RegularGrid(Module):
         ints = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (start, stop))
         if not (ints and 0 <= start <= stop <= self.shape[0]):
             raise ValueError(f"rows must be slice(start, stop), 0 <= start <= stop <= {self.shape[0]}, got {rows!r}")
-        bins = _Bins(self.shape, self.harmonic_distances)
-        out = np.empty((stop - start,) + self.shape[1:], dtype=np.int32)
-        for block in _row_chunks(self.shape, slice(int(start), int(stop))):
-            out[block.start - start : block.stop - start] = bins.index(block)
-        return out
+        return _Bins(self.shape, self.harmonic_distances).rows(slice(int(start), int(stop)))
 
     def split_rows(self, strategy) -> RegularGrid:
         """This grid with :attr:`power_index` split by rows over ``strategy``'s model axis.
