@@ -51,6 +51,7 @@ __all__ = [
     "linearize_with_adjoint",
     "random_like",
     "row_normal",
+    "indexed_normal",
 ]
 
 
@@ -321,8 +322,27 @@ def row_normal(key, shape, dtype, row_offset=0):
         real = jnp.finfo(dtype).dtype
         return (row_normal(kr, shape, real, row_offset) + 1j * row_normal(ki, shape, real, row_offset)).astype(dtype)
     shape = tuple(shape)
-    k1, k2 = _key_words(key)
     hi, lo = _wide_index(row_offset, math.prod(shape[1:]), shape)
+    return _counter_normal(key, hi, lo, dtype)
+
+
+def indexed_normal(key, index, dtype):
+    """Standard-normal numbers at the flat indices ``index`` of ``jax.random.normal(key, (n,), dtype)``.
+
+    Entry ``index[...]`` of the result is the number :func:`row_normal` draws at that
+    index of a vector (the same counter), whatever ``index``'s shape or order: e.g. a
+    datum's number on the pixel it observes. ``index``: non-negative integers below
+    ``2**32``; ``dtype`` real.
+    """
+    index = jnp.asarray(index)
+    lo = index.astype(jnp.uint32)
+    return _counter_normal(key, jnp.zeros_like(lo), lo, jnp.dtype(dtype))
+
+
+def _counter_normal(key, hi, lo, dtype):
+    """Standard-normal numbers of ``dtype`` (real) from threefry 2x32 of ``key`` on the counters ``(hi, lo)``."""
+    shape = tuple(lo.shape)
+    k1, k2 = _key_words(key)
     n = math.prod(shape)
     words = threefry_2x32((k1, k2), jnp.concatenate([hi.ravel(), lo.ravel()]))
     bits1, bits2 = words[:n].reshape(shape), words[n:].reshape(shape)

@@ -114,6 +114,31 @@ def test_mgvi_geovi_kl_bitwise_equal_to_one_device_on_every_mesh_layout():
     assert result == {"nonzero": True, "1x4": every, "jit2x2": every}
 
 
+@pytest.mark.product_compiler  # two programs, bitwise (tests/conftest.py)
+def test_blocks_with_padding_rows_give_the_same_bits_on_every_layout():
+    """8 grid rows in 6 blocks of 2 (4 padding rows), the data of an ``sv.Sampling``: the sample-averaged KL and
+    its gradient on one device and on a 2x2 ShardMap are bitwise equal, and equal the unpadded grid's (one
+    block) to rounding; the whole-latent methods take and return the grid's own rows."""
+    from shardvi.vi.row_locality import _evaluate
+
+    _, _, _, pos = problem()
+    model, d, std = masked("Sampling")
+    lh = sv.Gaussian(d, noise_std=std).amend(model, field_blocks=6)
+    x = jax.device_get(jax.tree.map(lambda v: v + 0.3, pos))
+    v1, g1 = _evaluate(lh, Vmap(), x)
+    v4, g4 = _evaluate(lh, ShardMap(devices=jax.devices()[:4], model_shards=2), x)
+    assert v1 == v4 and all(np.array_equal(a, b) for a, b in zip(g1, g4))
+    v0, g0 = _evaluate(lh.one_block(), Vmap(), x)
+    np.testing.assert_allclose(v1, v0, rtol=1e-12)
+    for a, b in zip(g1, g0):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9 * np.max(np.abs(b)))
+    whole = sv.Gaussian(d, noise_std=std).amend(model)
+    t = jax.tree.map(jnp.ones_like, x)
+    for a, b in zip(jax.tree.leaves(lh.metric_operator(x)(t)), jax.tree.leaves(whole.metric_operator(x)(t))):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(lh.normalized_residual(x), whole.normalized_residual(x), rtol=1e-12, atol=1e-12)
+
+
 def test_split_likelihood_is_the_whole_likelihood():
     """Energy, gradient, metric and metric square root of the split likelihood (one device: all blocks
     local, block-order sums) equal those of the plain amended likelihood to rounding."""
@@ -134,8 +159,8 @@ def test_split_likelihood_is_the_whole_likelihood():
 
 def test_bad_configurations_raise_clear_errors():
     model, d, std, pos = problem()
-    with pytest.raises(ValueError, match=r"does not divide the grid's 8 rows.*one of \[1, 2, 4, 8\]"):
-        sv.Gaussian(d, noise_std=std).amend(model, field_blocks=3)
+    with pytest.raises(ValueError, match=r"field_blocks=9 exceeds the grid's 8 rows"):
+        sv.Gaussian(d, noise_std=std).amend(model, field_blocks=9)
     with pytest.raises(ValueError, match="field_blocks must be an int >= 1"):
         sv.Gaussian(d, noise_std=std).amend(model, field_blocks=0)
     with pytest.raises(ValueError, match="not both"):
@@ -192,6 +217,12 @@ def test_a_model_that_mixes_rows_is_refused_before_sampling(op):
     from shardvi.vi.row_locality import check_row_local
 
     check_row_local(row_local, st, pos)  # a row-local model passes (the same bits on both layouts)
+    # blocks with padding rows (8 rows in 3 blocks of 3): the flip would move the padding into the grid, on one
+    # device too; compared with the grid in one block, on any strategy
+    padded = sv.Gaussian(d, noise_std=std).amend(sv.Model(lambda xi: op(model(xi)), model.domain), field_blocks=3)
+    with pytest.raises(ValueError, match=r"mixes rows across blocks: .*model_shards=1 with the padding rows"):
+        check_row_local(padded, sv.parallel.Vmap(), pos)
+    check_row_local(sv.Gaussian(d, noise_std=std).amend(model, field_blocks=3), sv.parallel.Vmap(), pos)
     opt = sv.OptimizeVI(lh, 1, n_samples=1, sample_map=st, kl_map=st, progress=False, check_field_split=False)
     assert not opt._row_check_pending  # the opt-out: no check before the first iteration (the user's risk)
     with pytest.raises(TypeError, match="check_field_split must be a bool"):

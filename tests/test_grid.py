@@ -31,20 +31,20 @@ LAYOUTS = [None, 1, 2, 4]  # None: one device, no mesh axis; else devices along 
 _JIT = reproducible_jit if fixed_order_arithmetic() else jax.jit
 
 
-def run(fn, p, args, in_split, out_split):
+def run(fn, p, args, in_split, out_split, rows=None):
     """``fn(layout, *args)`` on one device (``p`` None) or per device on ``p`` devices of a model axis (see
     :data:`_JIT`).
 
     ``in_split`` / ``out_split``: per argument / output, whether it is a grid split along axis 0 (else
-    replicated). Returns NumPy arrays.
+    replicated). ``rows``: the grid's own rows where the blocks end with padding rows. Returns NumPy arrays.
     """
     if p is None:
-        out = _JIT(lambda a: fn(GridLayout(B), *a))(tuple(args))
+        out = _JIT(lambda a: fn(GridLayout(B, rows=rows), *a))(tuple(args))
     else:
         mesh = Mesh(np.asarray(jax.devices()[:p]), (AX,), axis_types=(AxisType.Auto,))
         spec = lambda split: P(AX) if split else P()  # noqa: E731
         mapped = jax.shard_map(
-            lambda *a: fn(GridLayout(B, AX, p), *a),
+            lambda *a: fn(GridLayout(B, AX, p, rows), *a),
             mesh=mesh,
             in_specs=tuple(spec(s) for s in in_split),
             out_specs=tuple(spec(s) for s in out_split),
@@ -54,11 +54,11 @@ def run(fn, p, args, in_split, out_split):
     return [jax.tree_util.tree_map(np.asarray, o) for o in out]
 
 
-def assert_same_on_all_layouts(fn, args, in_split, out_split, layouts=LAYOUTS):
+def assert_same_on_all_layouts(fn, args, in_split, out_split, layouts=LAYOUTS, rows=None):
     """Bitwise equal outputs on every layout; returns the one-device outputs."""
-    ref = run(fn, None, args, in_split, out_split)
+    ref = run(fn, None, args, in_split, out_split, rows)
     for p in layouts[1:]:
-        out = run(fn, p, args, in_split, out_split)
+        out = run(fn, p, args, in_split, out_split, rows)
         for i, (a, b) in enumerate(zip(out, ref)):
             for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
                 assert np.array_equal(u, v), f"output {i} differs on {p} devices: max |diff| {np.max(np.abs(u - v))}"
@@ -91,6 +91,42 @@ def test_sums_and_draws_are_layout_free_and_right():
     # entry (g, j) of the draw is counter-based on its global index: the whole grid's numbers, jax.random.normal's
     assert np.array_equal(draw, np.asarray(row_normal(key, a.shape, a.dtype)))
     assert np.array_equal(draw, np.asarray(jax.random.normal(key, a.shape, a.dtype)))
+
+
+def test_blocks_with_padding_rows_draw_sum_and_transform_the_grid_own_rows():
+    """14 rows in 4 blocks of 4 (2 padding rows): draws are the whole grid's numbers on its rows and zero on the
+    padding; a datum's number lands on its pixel (normal_at); the Hartley transform reads the grid's rows only
+    and is zero on the padding; sizes count the grid's entries. Bitwise on every layout."""
+    from shardvi.parallel.grid import normal_at, pad_rows, unpad_rows
+    from shardvi.parallel.slab import layout_hartley
+
+    rows, lay = 14, GridLayout(B, rows=14)
+    assert lay.padded_rows == 16 and GridLayout(B).padded_rows is None
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(rows, 8))
+    xp = pad_rows(x, lay, value=7.0)  # padding rows with junk: never read
+    assert xp.shape == (16, 8) and np.all(xp[rows:] == 7.0) and np.array_equal(unpad_rows(xp, lay), x)
+    assert pad_rows(xp, lay) is xp and unpad_rows(x, lay) is x  # idempotent
+    index = np.full((16, 8), -1, np.int32)
+    pixels = rng.choice(rows * 8, size=30, replace=False)
+    index.reshape(-1)[pixels] = np.arange(30)
+    key = jax.random.key(2)
+
+    def fn(layout, a, idx):
+        return normal(key, a.shape, a.dtype, layout), normal_at(key, idx, a.dtype, layout), layout_hartley(a, layout)
+
+    draw, at, h = assert_same_on_all_layouts(
+        fn, (jnp.asarray(xp), jnp.asarray(index)), (True, True), (True, True, True), layouts=(None, 2), rows=rows
+    )
+    assert np.array_equal(draw[:rows], np.asarray(jax.random.normal(key, x.shape))) and not draw[rows:].any()
+    data = np.asarray(jax.random.normal(key, (30,)))
+    assert np.array_equal(at.reshape(-1)[pixels], data) and np.count_nonzero(at) == 30
+    f = np.fft.fftn(x)
+    np.testing.assert_allclose(h[:rows], f.real + f.imag, rtol=1e-12, atol=1e-12)
+    assert not h[rows:].any()
+    assert Slab(jnp.zeros((16, 8)), lay).size == rows * 8
+    with pytest.raises(ValueError, match="rows must be None or an int >= 1"):
+        GridLayout(B, rows=0)
 
 
 def test_spread_transpose_is_the_block_order_total_and_take_grad_is_bincount():

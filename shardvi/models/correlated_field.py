@@ -35,7 +35,7 @@ import numpy as np
 from jax.scipy.special import logsumexp
 
 from ..module import Module
-from ..parallel.grid import is_slab, local_rows, take
+from ..parallel.grid import is_slab, local_rows, pad_rows, take
 from ..parallel.slab import layout_hartley
 from .harmonic import RegularGrid, hartley
 from .model import Model
@@ -386,7 +386,8 @@ class CorrelatedField(Model):
         layout = slab.layout
         g = self.amplitudes[0].grid
         index = jnp.asarray(g.power_index)  # whole, or the device's rows (split like the data by the strategy)
-        rows = index if index.shape[0] != g.shape[0] else local_rows(index, layout)
+        # whole: cut to the device's rows (with the layout's padding rows, which read mode 0 of a zero latent)
+        rows = index if index.shape[0] != g.shape[0] else local_rows(pad_rows(index, layout), layout)
         c = take(self._amplitude_table(xi), rows, layout)
         return self.offset_mean + layout_hartley(c * slab.value, layout)
 

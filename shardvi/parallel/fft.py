@@ -66,7 +66,7 @@ def normalize_axes(ndim: int, axes) -> tuple[int, ...]:
     return out
 
 
-def slab_passes(x, axes: tuple, axis_name: str, n_dev: int, hartley: bool = False):
+def slab_passes(x, axes: tuple, axis_name: str, n_dev: int, hartley: bool = False, rows: int | None = None):
     """The DFT over ``axes`` of a slab split along ``axes[0]`` over mesh axis ``axis_name`` (``n_dev`` devices).
 
     Local FFTs over ``axes[1:]``, an ``all_to_all`` that gathers ``axes[0]`` and splits
@@ -77,18 +77,33 @@ def slab_passes(x, axes: tuple, axis_name: str, n_dev: int, hartley: bool = Fals
 
     ``hartley``: return ``Re + Im`` of the transform (real), formed before the ``all_to_all`` back,
     which then moves half the bytes (the same values: the sum is taken per entry either way).
+
+    ``rows``: the grid's own length along ``axes[0]`` where the slabs end with padding rows after it
+    (:class:`~shardvi.parallel.grid.GridLayout`): the pass along ``axes[0]`` transforms those rows
+    only, and the padding rows of the result are zero.
     """
     a0, a1 = axes[0], axes[1]
     if n_dev == 1:  # the whole grid: under jit, a batch of grids stays split over the devices (fftn)
         # two calls, as the slabs' passes: transposed, they run in the reverse order, as the slabs' do
-        y = fftn(fftn(x, axes[1:]), (a0,))
+        y = _rows_only(lambda v: fftn(v, (a0,)), fftn(x, axes[1:]), a0, rows)
         return y.real + y.imag if hartley else y
     x = _lane_fftn(x, axes[1:])
     x = jax.lax.all_to_all(x, axis_name, split_axis=a1, concat_axis=a0, tiled=True)
-    x = _lane_fftn(x, (a0,))
+    x = _rows_only(lambda v: _lane_fftn(v, (a0,)), x, a0, rows)
     if hartley:
         x = x.real + x.imag
     return jax.lax.all_to_all(x, axis_name, split_axis=a0, concat_axis=a1, tiled=True)
+
+
+def _rows_only(fn, x, axis: int, rows: int | None):
+    """``fn`` (a transform along ``axis``) of ``x``'s first ``rows`` entries along ``axis``, zero-padded back to
+    ``x``'s length there (``fn(x)`` for ``rows`` None or the whole length)."""
+    n = x.shape[axis]
+    if rows is None or rows == n:
+        return fn(x)
+    y = fn(jax.lax.slice_in_dim(x, 0, rows, axis=axis))
+    widths = [(0, n - rows) if i == axis else (0, 0) for i in range(x.ndim)]
+    return jnp.pad(y, widths)
 
 
 #: XLA:CPU (jax >= 0.12) computes a batch of 1-D FFTs in SIMD groups of consecutive lines (up to 8 for

@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import tree_util as jtu
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
@@ -59,6 +60,9 @@ __all__ = [
     "normal",
     "local_rows",
     "gather_rows",
+    "pad_rows",
+    "unpad_rows",
+    "normal_at",
     "all_devices",
 ]
 
@@ -75,17 +79,25 @@ class GridLayout:
         The mesh axis that splits the blocks (inside ``jax.shard_map``), ``None``: all local.
     shards : int
         Devices along ``axis`` (1 when ``axis`` is None); must divide ``blocks``.
+    rows : int, optional
+        ``N0`` of a grid whose rows the blocks do not divide: the blocks then hold
+        ``ceil(N0 / B)`` rows each, the last ones padding rows after the grid's
+        (zero in every latent, unobserved in the data; :func:`pad_rows`). ``None``:
+        the blocks divide the grid, no padding.
     """
 
     blocks: int
     axis: str | None = None
     shards: int = 1
+    rows: int | None = None
 
     def __post_init__(self):
         for name in ("blocks", "shards"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"GridLayout.{name} must be an int >= 1, got {v!r}")
+        if self.rows is not None and (isinstance(self.rows, bool) or not isinstance(self.rows, int) or self.rows < 1):
+            raise ValueError(f"GridLayout.rows must be None or an int >= 1, got {self.rows!r}")
         if self.axis is None and self.shards != 1:
             raise ValueError(f"GridLayout.shards must be 1 without a mesh axis, got {self.shards}")
         if self.blocks % self.shards:
@@ -97,6 +109,11 @@ class GridLayout:
     def local_blocks(self) -> int:
         """Blocks per device, ``B / P``."""
         return self.blocks // self.shards
+
+    @property
+    def padded_rows(self) -> int | None:
+        """The rows the blocks hold, ``B ceil(N0 / B)`` (``None`` without padding)."""
+        return None if self.rows is None else _round_up(self.rows, self.blocks)
 
     def block_index(self, i):
         """Global index of local block ``i`` (block order = row order of the grid)."""
@@ -111,6 +128,16 @@ class GridLayout:
                 f"{what}: {rows * self.shards} rows along grid axis 0 cannot be cut into {self.blocks} equal "
                 f"blocks (pick a number of field blocks that divides the first grid axis)"
             )
+
+
+def _unpadded_size(n: int, layout: GridLayout) -> int:
+    """``n`` entries of a padded grid (one padding row per ``padded_rows``) less its padding rows' entries."""
+    return n if layout.rows is None else n // _round_up(layout.rows, layout.blocks) * layout.rows
+
+
+def _round_up(n: int, blocks: int) -> int:
+    """``n`` rounded up to a multiple of ``blocks``."""
+    return -(-n // blocks) * blocks
 
 
 @jtu.register_pytree_node_class
@@ -140,8 +167,8 @@ class Slab:
 
     @property
     def size(self) -> int:
-        """Entries of the whole grid (static)."""
-        return int(math.prod(self.value.shape)) * self.layout.shards
+        """Entries of the whole grid, padding rows not counted (static)."""
+        return _unpadded_size(int(math.prod(self.value.shape)) * self.layout.shards, self.layout)
 
     def vdot(self, other: Slab):
         return grid_vdot(self.value, other.value, self.layout)
@@ -224,8 +251,8 @@ class MeshSlab:
 
     @property
     def size(self) -> int:
-        """Entries of the whole grid (static)."""
-        return int(math.prod(self.value.shape))
+        """Entries of the whole grid, padding rows not counted (static)."""
+        return _unpadded_size(int(math.prod(self.value.shape)), self.layout)
 
     def _reduce(self, fn, *others):
         """``fn(local values..., manual layout)`` in a ``shard_map`` over ``mesh`` (a replicated scalar)."""
@@ -233,7 +260,7 @@ class MeshSlab:
             raise ValueError(
                 f"internal: a reduction over a grid with {len(self.value.shape) - self.grid_ndim} batch axes"
             )
-        local = GridLayout(self.layout.blocks, self.layout.axis, self.layout.shards)
+        local = self.layout
         # one input per distinct array: inside, ``fn(v, v)`` then sees one value twice, as the per-device and
         # the one-device code do (XLA compiles ``x . x`` unlike ``x . y``: the same bits need the same form)
         values = [self.value] + [o.value for o in others]
@@ -502,10 +529,56 @@ def normal(key, shape, dtype, layout: GridLayout):
     block_shape = (rows,) + tuple(shape[1:])
 
     def one(i):  # one block per pass of a loop XLA keeps (see chunked_apply): the same program on any layout
-        return row_normal(key, block_shape, dtype, layout.block_index(i) * rows)
+        start = layout.block_index(i) * rows
+        draw = row_normal(key, block_shape, dtype, start)
+        if layout.rows is None:
+            return draw
+        real = (start + jnp.arange(rows) < layout.rows).reshape((rows,) + (1,) * (len(block_shape) - 1))
+        return jnp.where(real, draw, jnp.zeros((), draw.dtype))  # padding rows: zero
 
     idx = jnp.arange(layout.local_blocks)
     return chunked_apply(one, (0,), (idx,), 1).reshape(shape)
+
+
+def normal_at(key, index, dtype, layout: GridLayout):
+    """A standard-normal slab whose entry at each pixel is the number of datum ``index`` there, zero where
+    ``index < 0``: the numbers ``jax.random.normal(key, (n,), dtype)`` draws for ``n`` data, each on the
+    pixel it observes (:func:`~shardvi.tree_math.indexed_normal`), drawn block by block like :func:`normal`.
+
+    ``index``: the local slab of integer data indices (``-1`` at a pixel that holds no datum).
+    """
+    from ..tree_math import indexed_normal
+
+    def one(i):
+        draw = indexed_normal(key, jnp.maximum(i, 0), dtype)
+        return jnp.where(i >= 0, draw, jnp.zeros((), draw.dtype))
+
+    blocks = _blocks(jnp.asarray(index), layout)
+    return chunked_apply(one, (0,), (blocks,), 1).reshape(np.shape(index))
+
+
+def pad_rows(x, layout: GridLayout, axis: int = 0, value: float = 0):
+    """``x`` (the whole grid's ``N0`` rows along ``axis``) with ``layout``'s padding rows appended (``value``).
+
+    NumPy arrays stay on the host; anything else is padded by ``jnp.pad``. Unchanged without padding
+    or where ``x`` has them already.
+    """
+    if layout.rows is None or np.shape(x)[axis] != layout.rows:
+        return x
+    width = [(0, 0)] * np.ndim(x)
+    width[axis] = (0, _round_up(layout.rows, layout.blocks) - layout.rows)
+    if isinstance(x, np.ndarray):
+        return np.pad(x, width, constant_values=np.asarray(value, x.dtype))
+    return jnp.pad(x, width, constant_values=value)
+
+
+def unpad_rows(x, layout: GridLayout, axis: int = 0):
+    """``x`` (the padded grid's rows along ``axis``) without ``layout``'s padding rows (see :func:`pad_rows`)."""
+    if layout.rows is None or np.shape(x)[axis] != layout.padded_rows:
+        return x
+    if isinstance(x, np.ndarray):
+        return np.take(x, np.arange(layout.rows), axis=axis)
+    return jax.lax.slice_in_dim(x, 0, layout.rows, axis=axis)
 
 
 def gather_rows(x, layout: GridLayout):

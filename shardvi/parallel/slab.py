@@ -155,9 +155,13 @@ def layout_hartley(x, layout, axes: Sequence[int] | None = None):
     Always the explicit slab passes (:func:`~shardvi.parallel.fft.slab_passes`), also on one
     device (``layout.axis`` None): their JVP and transpose are then the same programs on every
     layout, bitwise (the one-device ``fftn`` is bitwise the passes forward, not in its transpose).
+    A layout with padding rows (``layout.rows``) transforms the grid's own rows: the padding rows
+    of ``x`` are not read, those of the result are zero.
     """
     x = _real(x)
     ax = normalize_axes(jnp.ndim(x), axes)
     _check_split(x, ax, layout.shards, layout.axis)
-    y = slab_passes(x.astype(jnp.result_type(x.dtype, jnp.complex64)), ax, layout.axis, layout.shards, hartley=True)
+    y = slab_passes(
+        x.astype(jnp.result_type(x.dtype, jnp.complex64)), ax, layout.axis, layout.shards, True, layout.rows
+    )
     return y.astype(x.dtype)

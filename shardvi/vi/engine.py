@@ -33,7 +33,7 @@ from .errors import (
     check_kl_result,
     check_sampling_finite,
 )
-from .field_split import split_latent
+from .field_split import split_latent, unpadded_latent
 from .likelihood import Likelihood
 from .masks import parse_selection
 from .modes import SampleMode, SamplePlan, SampleSource, plan_samples
@@ -395,7 +395,7 @@ class OptimizeVI:
         if plan.source is SampleSource.UPDATE:
             keys = samples.keys
             r, nl_nit, nl_st = self._geovi_update(pos, samples.residuals, keys, n, nonlin, iteration)
-            return Samples(pos, r, keys), [], nl_nit, plan.mode, [], nl_st
+            return Samples(pos, self._unpadded(r), keys), [], nl_nit, plan.mode, [], nl_st
         if plan.fallback:
             logger.info("nonlinear_update without previous samples of the same count: drawing fresh ones")
         mode = plan.mode
@@ -411,7 +411,7 @@ class OptimizeVI:
         nl_nit, nl_st = [], []
         if mode.nonlinear:
             r, nl_nit, nl_st = self._geovi_update(pos, r, keys, n, nonlin, iteration)
-        return Samples(pos, r, keys), np.asarray(cg_nit).tolist(), nl_nit, mode, cg_st, nl_st
+        return Samples(pos, self._unpadded(r), keys), np.asarray(cg_nit).tolist(), nl_nit, mode, cg_st, nl_st
 
     def _geovi_update(self, pos, residuals, keys, n, nonlin, iteration):
         """The geoVI step on ``residuals`` (``n`` keys, mirrored as drawn): ``(residuals, nit, statuses)``."""
@@ -438,6 +438,11 @@ class OptimizeVI:
         """Latents for a step of the sampling (``kl=False``) or KL strategy: a field-split likelihood's grid
         leaves marked, to be placed with their rows split (:func:`~shardvi.vi.field_split.split_latent`)."""
         return split_latent(self.likelihood, self.kl_strategy if kl else self.sample_strategy, tree)
+
+    def _unpadded(self, tree):
+        """Latents from the engine's programs without the padding rows of field blocks that do not divide the
+        grid's rows (:func:`~shardvi.vi.field_split.unpadded_latent`): what leaves the engine."""
+        return unpadded_latent(self.likelihood, tree)
 
     def _place_samples(self, samples: Samples) -> Samples:
         """``samples`` placed for the KL strategy (a field split's grid rows kept split over its model axis)."""
@@ -525,6 +530,7 @@ class OptimizeVI:
         )
         line = format_report(report, self.n_total_iterations)
         logger.info(line)
+        samples = Samples(self._unpadded(samples.pos), self._unpadded(samples.residuals), samples.keys)
         return samples, OptimizeVIState(nit=nit + 1, key=key, history=state.history + (report,)), line
 
     def run(

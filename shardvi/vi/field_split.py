@@ -61,6 +61,9 @@ from ..parallel.grid import (
     is_mesh_slab,
     is_slab,
     local_rows,
+    normal_at,
+    pad_rows,
+    unpad_rows,
 )
 from ..parallel.strategy import ordered_sum
 from .layout import WHOLE, Layout
@@ -72,6 +75,7 @@ __all__ = [
     "per_device",
     "whole",
     "split_latent",
+    "unpadded_latent",
     "field_split_chi2_sums",
     "one_zero_residual",
 ]
@@ -86,9 +90,13 @@ class FieldRows(Layout):
     grid_shapes : frozenset of tuple
         The shapes of the grid: latent leaves of one of these shapes have their
         rows split with the data's.
+    rows : int or None
+        The grid's ``N0`` where ``n_blocks`` does not divide it (the blocks end with
+        padding rows), else ``None``.
     """
 
     grid_shapes: frozenset = frozenset()
+    rows: int | None = None
 
     name: ClassVar[str] = "blocks of grid rows"
     argument: ClassVar[str] = "field_blocks"
@@ -108,7 +116,8 @@ class FieldRows(Layout):
         )
 
     def needs_row_check(self, model_shards: int) -> bool:
-        return model_shards > 1
+        # padding rows: a model that moves rows (a flip) would move them into the grid, also on one device
+        return model_shards > 1 or self.rows is not None
 
     def hamiltonian_and_grad(self, likelihood, xi):
         return WHOLE.hamiltonian_and_grad(likelihood, xi)  # per device, on the device's view and slabs
@@ -150,8 +159,12 @@ class FieldSplitLikelihood(AmendedLikelihood):
         :class:`~shardvi.parallel.grid.Slab` leaves (a
         :class:`~shardvi.CorrelatedField` and element-wise operations on it do).
     field_blocks : int
-        ``B``, a divisor of the grid's first axis; a strategy's ``model_shards``
-        must divide it.
+        ``B``, at most the grid's rows ``N0``; a strategy's ``model_shards`` must
+        divide it. Where ``B`` does not divide ``N0`` the blocks hold
+        ``ceil(N0 / B)`` rows each and end with padding rows after the grid's:
+        unobserved in the data, zero in every latent (their random numbers too),
+        not read by the slab transform; the whole-latent methods take and
+        return the grid's own rows (:meth:`unpadded_latent`).
     """
 
     def __init__(self, likelihood: Likelihood, model, field_blocks: int):
@@ -164,7 +177,7 @@ class FieldSplitLikelihood(AmendedLikelihood):
         if isinstance(field_blocks, bool) or not isinstance(field_blocks, (int, np.integer)) or field_blocks < 1:
             raise ValueError(f"field_blocks must be an int >= 1, got {field_blocks!r}")
         # data of a Mask / Sampling of the field: held on the grid, unobserved pixels ignored
-        self.observed = self.response = None
+        self.observed = self.response = self.datum_index = None
         self.data_domain = self.likelihood.domain  # the data as given (for the chi^2's degrees of freedom)
         response = given_on_grid or _find_pixel_response(likelihood, model)
         if response is not None:
@@ -172,6 +185,10 @@ class FieldSplitLikelihood(AmendedLikelihood):
             observed = np.zeros(math.prod(grid_shape), bool)
             observed[flat.ravel()] = True
             self.observed = _host_grid(observed, grid_shape)
+            # the datum each pixel holds (-1: none): its noise is the unsplit run's number of that datum
+            index = np.full(math.prod(grid_shape), -1, np.int32 if flat.size < 2**31 else np.int64)
+            index[flat.ravel()] = np.arange(flat.size)
+            self.datum_index = _host_grid(index, grid_shape)
             if given_on_grid is None:
                 likelihood = _likelihood_on_grid(likelihood, flat, grid_shape)
             else:
@@ -179,12 +196,10 @@ class FieldSplitLikelihood(AmendedLikelihood):
             self.response = response
             self.likelihood = likelihood
         rows = _grid_rows(likelihood)
-        if rows % int(field_blocks):
-            divisors = [b for b in range(1, rows + 1) if rows % b == 0]
+        if int(field_blocks) > rows:
             raise ValueError(
-                f"field_blocks={field_blocks} does not divide the grid's {rows} rows (axis 0 of the data): every "
-                f"block holds the same whole rows; use a divisor of {rows} (one of {divisors}) that the strategy's "
-                f"model_shards divides"
+                f"field_blocks={field_blocks} exceeds the grid's {rows} rows (axis 0 of the data): every block "
+                f"holds at least one row of the grid"
             )
         grid = {tuple(d.shape) for d in jtu.tree_leaves(likelihood.domain)}
         lsm = likelihood.lsm_tangents_shape
@@ -194,6 +209,19 @@ class FieldSplitLikelihood(AmendedLikelihood):
                 f"(lsm_tangents_shape with {rows} rows along axis 0), got {lsm}"
             )
         self.n_blocks = int(field_blocks)
+        self.data_rows = rows
+        # blocks that do not divide the rows: padding rows after the grid's (unobserved data, zero latent)
+        pad = GridLayout(self.n_blocks, rows=rows) if rows % self.n_blocks else None
+        if pad is not None:
+            _check_no_global_arrays(likelihood, model, self.n_blocks, rows)
+            if self.observed is None:
+                self.observed = _host_grid(np.ones(_common_grid(likelihood), bool), _common_grid(likelihood))
+            self.observed = _host_grid(np.asarray(pad_rows(self.observed, pad, value=False)), None)
+            if self.datum_index is not None:
+                self.datum_index = _host_grid(np.asarray(pad_rows(self.datum_index, pad, value=-1)), None)
+            likelihood = _padded_likelihood(likelihood, pad)
+            self.likelihood = likelihood
+            rows = int(pad.padded_rows or rows)
         self.grid_rows = rows
         # static: which of the likelihood's leaves hold the grid's rows (split over a model axis with the field)
         self.data_split = tuple(np.ndim(a) >= 1 and np.shape(a)[0] == rows for a in jtu.tree_leaves(likelihood))
@@ -202,7 +230,7 @@ class FieldSplitLikelihood(AmendedLikelihood):
         self.latent_split = self.layout.latent_split(model.domain)
         # static: which of the model's leaves hold the grid's rows and are read row by row (a correlated
         # field's power index): split over a model axis like the data (no whole copy on every device)
-        self.model_split = _row_local_model_leaves(model, grid)
+        self.model_split = _row_local_model_leaves(model, grid if pad is None else set())  # padded: whole
         stray = [x.shape for x, s in zip(jtu.tree_leaves(model), self.model_split) if is_global(x) and not s]
         if stray:
             raise ValueError(
@@ -212,30 +240,48 @@ class FieldSplitLikelihood(AmendedLikelihood):
             )
 
     @property
+    def padding_rows(self) -> int:
+        """Rows appended to the grid's so that ``n_blocks`` blocks of equal rows hold it (0 where it divides)."""
+        return self.grid_rows - self.data_rows
+
+    @property
     def layout(self) -> FieldRows:
         """The data and the grid cut into ``n_blocks`` blocks of rows."""
-        return FieldRows(self.n_blocks, self.grid_shapes)
+        return FieldRows(self.n_blocks, self.grid_shapes, self.data_rows if self.padding_rows else None)
+
+    def blocks_layout(self, axis: str | None = None, shards: int = 1) -> GridLayout:
+        """The :class:`~shardvi.parallel.grid.GridLayout` of the blocks over ``shards`` devices along ``axis``."""
+        return GridLayout(self.n_blocks, axis, shards, self.data_rows if self.padding_rows else None)
 
     def grid_layout(self) -> GridLayout:
         """The grid's layout being traced under: the strategy's model axis, or all blocks local."""
         axis = current_model_axis()
         if axis is None or axis.size == 1:
-            return GridLayout(self.n_blocks)
+            return self.blocks_layout()
         if self.n_blocks % axis.size:
             raise ValueError(
                 f"model_shards={axis.size} does not divide field_blocks={self.n_blocks}: every device of "
                 f"a model row holds the same number of whole blocks"
             )
-        return GridLayout(self.n_blocks, axis.name, axis.size)
+        return self.blocks_layout(axis.name, axis.size)
+
+    def unpadded_latent(self, tree):
+        """Latents (optionally with leading sample axes) with the padding rows of their grid leaves cut off."""
+        return _latent_rows(self, tree, unpad_rows)
+
+    def one_block(self) -> FieldSplitLikelihood:
+        """This likelihood with its data and grid in one block (no padding rows): the reference the check of
+        a padded layout compares with (:func:`~shardvi.vi.row_locality.check_row_local`)."""
+        return FieldSplitLikelihood(_unpadded_likelihood(self), self.model, 1)
 
     def partition_specs(self, axis: str):
-        """A ``PartitionSpec`` per leaf: ``P(axis)`` for the data's grid rows, the observed pixels and the
-        model's row-local grid leaves (a correlated field's power index), else ``P()``."""
+        """A ``PartitionSpec`` per leaf: ``P(axis)`` for the data's grid rows, the observed pixels, their data
+        indices and the model's row-local grid leaves (a correlated field's power index), else ``P()``."""
         flags = {"likelihood": iter(self.data_split), "model": iter(self.model_split)}
         flat = []
         for path, _ in jtu.tree_flatten_with_path(self)[0]:
             name = path[0].name if isinstance(path[0], jtu.GetAttrKey) else None
-            split = next(flags[name]) if name in flags else name == "observed"
+            split = next(flags[name]) if name in flags else name in ("observed", "datum_index")
             flat.append(P(axis) if split else P())
         return jtu.tree_unflatten(jtu.tree_structure(self), flat)
 
@@ -251,17 +297,25 @@ class FieldSplitLikelihood(AmendedLikelihood):
     def normalization(self) -> float | None:
         """The data likelihood's where the data are the grid; ``None`` for data of a ``Mask`` / ``Sampling``
         (held on the grid, with unobserved pixels that are not data)."""
-        return None if self.response is not None else self.likelihood.normalization()
+        return None if self.response is not None else _unpadded_likelihood(self).normalization()
 
     def _to_data(self, tree):
-        """Grid-shaped data-space arrays -> the data's own layout: the Mask / Sampling applied to them."""
+        """Grid-shaped data-space arrays -> the data's own layout: padding rows cut off, the Mask / Sampling
+        applied to them."""
+        tree = jtu.tree_map(lambda x: unpad_rows(x, self.blocks_layout()), tree)
         response = self.response
         return tree if response is None else jtu.tree_map(response, tree)
 
     def _from_data(self, tree):
-        """Data-space arrays in the data's layout -> grid-shaped: the response's adjoint (zero elsewhere)."""
+        """Data-space arrays in the data's layout -> grid-shaped: the response's adjoint (zero elsewhere), zero
+        padding rows."""
         response = self.response
-        return tree if response is None else jtu.tree_map(response.adjoint, tree)
+        tree = tree if response is None else jtu.tree_map(response.adjoint, tree)
+        return jtu.tree_map(lambda x: pad_rows(x, self.blocks_layout()), tree)
+
+    def _latent_whole(self, tree):
+        """Per-device latent slabs -> whole latent arrays without padding rows."""
+        return self.unpadded_latent(whole(tree))
 
     def transformation(self, xi):
         v = self.per_device()
@@ -275,16 +329,19 @@ class FieldSplitLikelihood(AmendedLikelihood):
     def metric_operator(self, xi):
         v = self.per_device()
         op = v.metric_operator(v.local(xi))
-        return lambda t: whole(op(v.local(t)))
+        return lambda t: self._latent_whole(op(v.local(t)))
 
     def left_sqrt_metric(self, xi, e):
         v = self.per_device()
-        return whole(v.left_sqrt_metric(v.local(xi), v.local_data(self._from_data(e))))
+        return self._latent_whole(v.left_sqrt_metric(v.local(xi), v.local_data(self._from_data(e))))
 
     def sampling_operators(self, xi):
         v = self.per_device()
         lsm, metric = v.sampling_operators(v.local(xi))
-        return (lambda e: whole(lsm(v.local_data(self._from_data(e))))), (lambda t: whole(metric(v.local(t))))
+        return (
+            (lambda e: self._latent_whole(lsm(v.local_data(self._from_data(e))))),
+            (lambda t: self._latent_whole(metric(v.local(t)))),
+        )
 
     def _data_noise_sample(self, lsm, key):
         return self.per_device()._data_noise_sample(lsm, key)
@@ -316,8 +373,13 @@ class _DeviceView(AmendedLikelihood):
         )
         # the device's rows of the observed pixels (data of a Mask / Sampling), None: every pixel
         self.observed = None if parent.observed is None else self._rows(parent.observed)
+        self.datum_index = None if parent.datum_index is None else self._rows(parent.datum_index)
         out_shapes = tuple((rows,) + tuple(d.shape[1:]) for d in jtu.tree_leaves(parent.likelihood.domain))
-        self.model = functools.partial(_slab_model, parent.model, layout, self.observed, out_shapes, parent.model_split)
+        # padding rows without a Mask / Sampling: the model's output there (a zero latent's) is not data
+        unobserved = self.observed if parent.padding_rows and parent.response is None else None
+        self.model = functools.partial(
+            _slab_model, parent.model, layout, self.observed, out_shapes, parent.model_split, unobserved
+        )
         self.domain = jtu.tree_map(lambda d, s: split_sds(d) if s else d, parent.domain, parent.latent_split)
         lsm = parent.likelihood.lsm_tangents_shape
         self.lsm_tangents_shape = None if lsm is None else jtu.tree_map(split_sds, lsm)
@@ -340,7 +402,7 @@ class _DeviceView(AmendedLikelihood):
                 return Slab(x.value, self.layout_)
             if is_slab(x) or not s:
                 return x
-            return Slab(local_rows(x, self.layout_), self.layout_)
+            return Slab(local_rows(pad_rows(x, self.layout_), self.layout_), self.layout_)
 
         return jtu.tree_map(one, xi, self.parent.latent_split, is_leaf=is_slab)
 
@@ -351,7 +413,16 @@ class _DeviceView(AmendedLikelihood):
         )
 
     def _data_noise_sample(self, lsm, key):
-        return lsm(tm.random_like(key, self.lsm_tangents_shape))
+        """``lsm`` of standard-normal data noise: per pixel of the grid, or, for the data of a Mask / Sampling,
+        per datum on the pixel it observes (the unsplit run's numbers, :func:`~shardvi.parallel.grid.normal_at`)."""
+        index = self.datum_index
+        if index is None:
+            return lsm(tm.random_like(key, self.lsm_tangents_shape))
+        leaves, treedef = jtu.tree_flatten(self.lsm_tangents_shape, is_leaf=is_slab)
+        keys = jax.random.split(key, max(len(leaves), 1))  # per leaf, as tm.random_like
+        layout = self.layout_
+        draws = [Slab(normal_at(k, index, d.value.dtype, layout), layout) for k, d in zip(keys, leaves)]
+        return lsm(jtu.tree_unflatten(treedef, draws))
 
     def energy(self, xi):
         """The data likelihood's energy of each block of the grid, added over all blocks in block order.
@@ -367,7 +438,7 @@ class _DeviceView(AmendedLikelihood):
         r, observed = super().normalized_residual(xi), self.observed
         if observed is None:
             return r
-        return jtu.tree_map(lambda x: jnp.where(observed, x, jnp.zeros((), x.dtype)), r)
+        return jtu.tree_map(lambda x: jnp.where(_expanded(observed, x), x, jnp.zeros((), x.dtype)), r)
 
 
 def block_energy(likelihood: Likelihood, s, layout: GridLayout, observed=None):
@@ -411,13 +482,15 @@ def block_energy(likelihood: Likelihood, s, layout: GridLayout, observed=None):
     return block_total(block_map(one, layout, *slabs), layout)
 
 
-def _slab_model(model, layout: GridLayout, observed, out_shapes, model_split, xi):
+def _slab_model(model, layout: GridLayout, observed, out_shapes, model_split, unobserved, xi):
     """The model on a latent with ``Slab`` leaves, its (pixel-wise) output as slabs.
 
     With ``observed`` (the device's rows of the observed pixels) the model's Mask / Sampling returns
     its input on the grid (:func:`~shardvi.models.responses.pixels_on_grid`). ``out_shapes``:
     the device's rows of the data grid, per output leaf; ``model_split``: which of the model's
-    leaves may hold the device's rows only (:func:`_row_local_model_leaves`). A model whose output on the device's
+    leaves may hold the device's rows only (:func:`_row_local_model_leaves`); ``unobserved``: the
+    device's rows of the grid's own pixels where the output elsewhere (padding rows) is replaced by
+    :data:`~shardvi.models.responses.UNOBSERVED`, or ``None``. A model whose output on the device's
     rows has other shapes (or that fails there) needs the whole field: under a model axis that
     allows it (``JitSharding``) it is evaluated on the whole field, gathered on every device of
     the axis (:func:`_whole_model`); else ``ValueError``.
@@ -432,10 +505,14 @@ def _slab_model(model, layout: GridLayout, observed, out_shapes, model_split, xi
     if failure is None:
         got = tuple(tuple(np.shape(o)) for o in jtu.tree_leaves(out))
         if got == out_shapes:
+            if unobserved is not None:
+                out = jtu.tree_map(
+                    lambda o: jnp.where(_expanded(unobserved, o), o, jnp.asarray(UNOBSERVED, o.dtype)), out
+                )
             return jtu.tree_map(lambda s: Slab(s, layout), out)
         failure = (None, f"gives output shapes {list(got)}")
     axis = current_model_axis()
-    if axis is not None and axis.whole_model:
+    if axis is not None and axis.whole_model and layout.rows is None:
         warnings.warn(
             f"field_blocks: the model needs the whole field (on one device's rows of the grid it "
             f"{failure[1]}); it is evaluated on the whole field, gathered on each of the {layout.shards} devices "
@@ -446,6 +523,11 @@ def _slab_model(model, layout: GridLayout, observed, out_shapes, model_split, xi
         whole_model = _gathered_leaves(model, model_split, layout, out_shapes[0][0])
         return _whole_model(whole_model, layout, observed, out_shapes, xi)
     raise ValueError(_whole_field_message(layout, out_shapes, failure[1])) from failure[0]
+
+
+def _expanded(mask, x):
+    """``mask`` (the leading axes of ``x``) with trailing axes of length 1 to broadcast against ``x``."""
+    return mask.reshape(mask.shape + (1,) * (np.ndim(x) - mask.ndim))
 
 
 def _call_on_grid(model, xi, observed):
@@ -509,6 +591,11 @@ def _whole_field_message(layout: GridLayout, out_shapes, what: str) -> str:
         f"the field split over ShardMap's model axis: use JitSharding (which evaluates such a model on the "
         f"whole field, gathered on every device of the model axis), model_shards=1, or amend the likelihood "
         f"without field_blocks"
+        + (
+            ""
+            if layout.rows is None
+            else f" (JitSharding gathers the field only where field_blocks divides the grid's {layout.rows} rows)"
+        )
     )
 
 
@@ -607,9 +694,9 @@ def _unobserved_ignored(likelihood: Likelihood, observed: np.ndarray) -> Likelih
 
 
 def _host_grid(a: np.ndarray, grid_shape) -> np.ndarray:
-    """``a`` as a read-only host array of ``grid_shape``: the strategy places its rows on each device, no
-    whole-grid copy lands on the default device."""
-    a = a.reshape(grid_shape)
+    """``a`` as a read-only host array of ``grid_shape`` (``None``: its own): the strategy places its rows on
+    each device, no whole-grid copy lands on the default device."""
+    a = a.reshape(a.shape if grid_shape is None else grid_shape)
     a.setflags(write=False)
     return a
 
@@ -647,6 +734,64 @@ def _likelihood_on_grid(likelihood: Likelihood, flat, grid_shape):
     return grid._replaced(domain=domain, lsm_tangents_shape=lsm)
 
 
+def _common_grid(likelihood: Likelihood) -> tuple:
+    """The leading axes all of the likelihood's data leaves share (the grid's pixels)."""
+    shapes = [tuple(d.shape) for d in jtu.tree_leaves(likelihood.domain)]
+    n = 0
+    while all(len(s) > n and s[n] == shapes[0][n] for s in shapes):
+        n += 1
+    return shapes[0][:n]
+
+
+def _padded_likelihood(likelihood: Likelihood, pad: GridLayout) -> Likelihood:
+    """``likelihood`` with the padding rows of ``pad`` appended to every array with the grid's rows along axis 0
+    (:data:`~shardvi.models.responses.UNOBSERVED`: finite, and not data), held on the host."""
+
+    def one(x):
+        if np.ndim(x) == 0 or np.shape(x)[0] != pad.rows:
+            return x
+        return _host_grid(np.asarray(pad_rows(np.asarray(x), pad, value=UNOBSERVED)), None)
+
+    def sds(d):
+        return jax.ShapeDtypeStruct((pad.padded_rows,) + tuple(d.shape[1:]), d.dtype)
+
+    out = jtu.tree_map(one, likelihood)
+    lsm = likelihood.lsm_tangents_shape
+    return out._replaced(
+        domain=jtu.tree_map(sds, likelihood.domain), lsm_tangents_shape=None if lsm is None else jtu.tree_map(sds, lsm)
+    )
+
+
+def _unpadded_likelihood(lh: FieldSplitLikelihood) -> Likelihood:
+    """The data likelihood of ``lh`` on the grid (``lh.likelihood``) without its padding rows."""
+    likelihood = lh.likelihood
+    if not lh.padding_rows:
+        return likelihood
+    layout = lh.blocks_layout()
+
+    def one(x):
+        return x if np.ndim(x) == 0 or np.shape(x)[0] != lh.grid_rows else np.asarray(unpad_rows(np.asarray(x), layout))
+
+    def sds(d):
+        return jax.ShapeDtypeStruct((lh.data_rows,) + tuple(d.shape[1:]), d.dtype)
+
+    lsm = likelihood.lsm_tangents_shape
+    return jtu.tree_map(one, likelihood)._replaced(
+        domain=jtu.tree_map(sds, likelihood.domain), lsm_tangents_shape=None if lsm is None else jtu.tree_map(sds, lsm)
+    )
+
+
+def _check_no_global_arrays(likelihood: Likelihood, model, n_blocks: int, rows: int) -> None:
+    """``ValueError`` where arrays split over processes meet blocks that do not divide the rows."""
+    if any(is_global(x) for x in jtu.tree_leaves((likelihood, model))):
+        divisors = [b for b in range(1, rows + 1) if rows % b == 0]
+        raise ValueError(
+            f"field_blocks={n_blocks} does not divide the grid's {rows} rows, and the data or the model hold "
+            f"arrays split over processes (sv.parallel.field_array / field_model), whose rows the blocks must "
+            f"divide: use a divisor of {rows} (one of {divisors})"
+        )
+
+
 def whole(tree):
     """``Slab`` leaves gathered into whole arrays over the model axis (other leaves unchanged)."""
     return jtu.tree_map(lambda x: gather_rows(x.value, x.layout) if is_slab(x) else x, tree, is_leaf=is_slab)
@@ -673,19 +818,41 @@ def split_latent(lh, strategy, tree):
     """
     if not isinstance(lh, FieldSplitLikelihood):
         return tree
+    tree = _latent_rows(lh, tree, pad_rows)  # padding rows appended (where the blocks have them)
     k = getattr(strategy, "model_shards", 1)
     if k == 1:
-        layout = GridLayout(lh.n_blocks)
+        layout = lh.blocks_layout()
         return jtu.tree_map(lambda x, s: Slab(x, layout) if s else x, tree, lh.latent_split)
     if lh.n_blocks % k:
         raise ValueError(
             f"model_shards={k} does not divide field_blocks={lh.n_blocks}: every model shard holds the same "
             f"number of whole blocks of grid rows"
         )
-    layout, mesh = GridLayout(lh.n_blocks, MODEL_AXIS, k), strategy.mesh
+    layout, mesh = lh.blocks_layout(MODEL_AXIS, k), strategy.mesh
     return jtu.tree_map(
         lambda x, s, d: MeshSlab(x, layout, mesh, len(d.shape)) if s else x, tree, lh.latent_split, lh.domain
     )
+
+
+def unpadded_latent(lh, tree):
+    """Latents returned by the engine's programs (whole arrays, optionally with leading sample axes) without the
+    padding rows of a field-split ``lh`` whose blocks have them; any other ``tree`` unchanged."""
+    return lh.unpadded_latent(tree) if isinstance(lh, FieldSplitLikelihood) else tree
+
+
+def _latent_rows(lh: FieldSplitLikelihood, tree, fn):
+    """``fn(leaf, layout, axis)`` (:func:`~shardvi.parallel.grid.pad_rows` / ``unpad_rows``) on the grid
+    leaves of ``tree``, ``axis`` their grid's first axis (after any leading sample axes)."""
+    if not lh.padding_rows:
+        return tree
+    layout = lh.blocks_layout()
+
+    def one(x, s, d):
+        if not s or is_slab(x):
+            return x
+        return fn(x, layout, np.ndim(x) - len(d.shape))
+
+    return jtu.tree_map(one, tree, lh.latent_split, lh.domain, is_leaf=is_slab)
 
 
 def one_zero_residual(pos):

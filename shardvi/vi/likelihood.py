@@ -348,7 +348,9 @@ class Likelihood(Module):
         with the grid's shape (field parallelism): a strategy with
         ``model_shards`` dividing ``B`` splits data and field over devices, each
         computing its slab, with bitwise the results of one device
-        (:class:`~shardvi.vi.field_split.FieldSplitLikelihood`).
+        (:class:`~shardvi.vi.field_split.FieldSplitLikelihood`). Where ``B`` does
+        not divide the rows, the blocks end with padding rows (unobserved data,
+        zero latent) that nothing returned holds.
         """
         if data_blocks is not None and field_blocks is not None:
             raise ValueError("give data_blocks (split the data) or field_blocks (split data and field), not both")

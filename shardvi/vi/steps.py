@@ -19,7 +19,9 @@ curves them with every key repeated twice and the signs ``+1, -1, ...``.
 
 A likelihood split over the field (``amend(model, field_blocks=...)``) takes
 its latents marked with :func:`~shardvi.vi.field_split.split_latent`; every
-other likelihood takes plain pytrees.
+other likelihood takes plain pytrees. Where its blocks do not divide the
+grid's rows, the latents it returns hold the blocks' padding rows:
+:func:`~shardvi.vi.field_split.unpadded_latent` cuts them off.
 """
 
 from __future__ import annotations
