@@ -117,30 +117,20 @@ def test_data_blocks_agree_with_the_unsplit_run(case):
     assert _sigma_distance(signal, got, ref) <= 1e-6
 
 
-def test_field_blocks_with_padding_rows_agree_with_the_unsplit_run():
-    """The data of an ``sv.Sampling`` (60 % of the pixels, in scrambled order) with the 8 grid rows in 6 blocks of
-    2 (4 padding rows, unobserved, zero in the latent): each datum's noise is drawn on its pixel with the
-    unsplit run's number of that datum, so the run agrees with the unsplit run to rounding (and every layout of
-    these blocks gives its bits: tests/test_field_split.py)."""
+def test_field_blocks_agree_with_the_unsplit_run():
+    """The data of an ``sv.Sampling`` (60 % of the pixels, in scrambled order) of a field of 8 rows, in 4 blocks and
+    in 6 blocks of 2 (4 padding rows, unobserved, zero in the latent), on one device (every layout of the same
+    blocks gives its bits: tests/test_field_split.py): each datum's noise is drawn on its pixel with the unsplit
+    run's number of that datum, so both agree with the unsplit run to rounding."""
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
     from test_field_split import masked, problem
 
     _, _, _, pos = problem()
     model, d, std = masked("Sampling")
-    lh = sv.Gaussian(d, noise_std=std).amend(model, field_blocks=6)
-    assert lh.padding_rows == 4 and lh.layout.rows == 8
     ref = _run(sv.Gaussian(d, noise_std=std).amend(model), pos)
-    got = _run(lh, pos)
-    assert jax.tree.map(np.shape, got.samples) == jax.tree.map(np.shape, ref.samples)
-    assert _sigma_distance(model, got, ref) <= 1e-6
-
-
-def test_field_blocks_agree_with_the_unsplit_run():
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    from test_field_split import problem
-
-    model, d, std, pos = problem()
-    ref = _run(sv.Gaussian(d, noise_std=std).amend(model), pos)
-    # one device holding the 4 blocks: every layout of these blocks gives its bits (tests/test_field_split.py)
-    got = _run(sv.Gaussian(d, noise_std=std).amend(model, field_blocks=4), pos)
-    assert _sigma_distance(model, got, ref) <= 1e-6
+    for blocks in (4, 6):
+        lh = sv.Gaussian(d, noise_std=std).amend(model, field_blocks=blocks)
+        assert lh.padding_rows == (4 if blocks == 6 else 0)
+        got = _run(lh, pos)
+        assert jax.tree.map(np.shape, got.samples) == jax.tree.map(np.shape, ref.samples)
+        assert _sigma_distance(model, got, ref) <= 1e-6, blocks
