@@ -137,6 +137,10 @@ def test_blocks_with_padding_rows_give_the_same_bits_on_every_layout():
     for a, b in zip(jax.tree.leaves(lh.metric_operator(x)(t)), jax.tree.leaves(whole.metric_operator(x)(t))):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(lh.normalized_residual(x), whole.normalized_residual(x), rtol=1e-12, atol=1e-12)
+    # the samples between steps are whole (without the padding rows an array split over devices has no equal parts)
+    even = sv.Gaussian(d, noise_std=std).amend(model, field_blocks=4).layout
+    assert lh.layout.latent_bytes_per_device(lh.domain, 2) == lh.layout.latent_bytes_per_device(lh.domain, 1)
+    assert even.latent_bytes_per_device(lh.domain, 2) < even.latent_bytes_per_device(lh.domain, 1)
 
 
 def test_split_likelihood_is_the_whole_likelihood():

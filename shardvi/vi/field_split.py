@@ -109,6 +109,10 @@ class FieldRows(Layout):
     def latent_split(self, domain):
         return jtu.tree_map(lambda d: tuple(d.shape) in self.grid_shapes, domain)
 
+    def samples_split(self, domain):
+        # with padding rows the samples leave the steps without them: whole (a split array needs equal parts)
+        return self.latent_split(domain) if self.rows is None else jtu.tree_map(lambda _: False, domain)
+
     def require(self, what: str) -> None:
         raise NotImplementedError(
             f"{what} does not take a likelihood amended with field_blocks yet: amend it without field_blocks "
