@@ -219,7 +219,7 @@ class FieldSplitLikelihood(AmendedLikelihood):
         if pad is not None:
             _check_no_global_arrays(likelihood, model, self.n_blocks, rows)
             if self.observed is None:
-                self.observed = _host_grid(np.ones(_common_grid(likelihood), bool), _common_grid(likelihood))
+                self.observed = _host_grid(np.ones(_common_grid(likelihood), bool), None)
             self.observed = _host_grid(np.asarray(pad_rows(self.observed, pad, value=False)), None)
             if self.datum_index is not None:
                 self.datum_index = _host_grid(np.asarray(pad_rows(self.datum_index, pad, value=-1)), None)
