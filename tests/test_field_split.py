@@ -213,11 +213,14 @@ def test_a_model_that_needs_the_whole_field_is_named_under_shard_map():
             kl_value_and_grad(st.place(lh), pos, res, st)
 
 
-@pytest.mark.parametrize("op", [lambda f: jnp.flip(f, 0), lambda f: jnp.roll(f, 1, axis=0)], ids=["flip", "roll"])
-def test_a_model_that_mixes_rows_is_refused_before_sampling(op):
+@pytest.mark.parametrize(
+    "op, padded", [(lambda f: jnp.flip(f, 0), True), (lambda f: jnp.roll(f, 1, axis=0), False)], ids=["flip", "roll"]
+)
+def test_a_model_that_mixes_rows_is_refused_before_sampling(op, padded):
     """A flip or roll along the grid's first axis runs on each device's rows without error but computes something
     else: refused before iteration 0 (energy and gradient on the split and on the whole field differ), with
-    what to do; a row-local model passes; check_field_split=False skips the check."""
+    what to do; a row-local model passes; check_field_split=False skips the check. ``padded``: also with blocks
+    that end with padding rows, on one device."""
     model, d, std, pos = problem()
     lh = sv.Gaussian(d, noise_std=std).amend(sv.Model(lambda xi: op(model(xi)), model.domain), field_blocks=4)
     st = ShardMap(devices=jax.devices()[:4], model_shards=2)
@@ -229,9 +232,9 @@ def test_a_model_that_mixes_rows_is_refused_before_sampling(op):
     from shardvi.vi.row_locality import check_row_local
 
     check_row_local(row_local, st, pos)  # a row-local model passes (the same bits on both layouts)
-    if op(np.arange(3))[1] == 1:  # the flip: blocks with padding rows (8 rows in 3 blocks of 3), on one device
-        # it would move the padding into the grid: compared with the grid in one block, on any strategy (a
-        # row-local model passes: tests/test_layout_rng.py's padded run)
+    if padded:  # 8 rows in 3 blocks of 3: on one device the flip would move the padding row into the grid;
+        # compared with the grid in one block, on any strategy (a row-local model passes the check in
+        # tests/test_layout_rng.py's padded run)
         padded = sv.Gaussian(d, noise_std=std).amend(sv.Model(lambda xi: op(model(xi)), model.domain), field_blocks=3)
         with pytest.raises(ValueError, match=r"mixes rows across blocks: .*model_shards=1 with the padding rows"):
             check_row_local(padded, sv.parallel.Vmap(), pos)
