@@ -750,34 +750,29 @@ def _common_grid(likelihood: Likelihood) -> tuple:
 def _padded_likelihood(likelihood: Likelihood, pad: GridLayout) -> Likelihood:
     """``likelihood`` with the padding rows of ``pad`` appended to every array with the grid's rows along axis 0
     (:data:`~shardvi.models.responses.UNOBSERVED`: finite, and not data), held on the host."""
-
-    def one(x):
-        if np.ndim(x) == 0 or np.shape(x)[0] != pad.rows:
-            return x
-        return _host_grid(np.asarray(pad_rows(np.asarray(x), pad, value=UNOBSERVED)), None)
-
-    def sds(d):
-        return jax.ShapeDtypeStruct((pad.padded_rows,) + tuple(d.shape[1:]), d.dtype)
-
-    out = jtu.tree_map(one, likelihood)
-    lsm = likelihood.lsm_tangents_shape
-    return out._replaced(
-        domain=jtu.tree_map(sds, likelihood.domain), lsm_tangents_shape=None if lsm is None else jtu.tree_map(sds, lsm)
-    )
+    assert pad.rows is not None and pad.padded_rows is not None
+    return _rows_changed(likelihood, pad.rows, pad.padded_rows, lambda a: pad_rows(a, pad, value=UNOBSERVED))
 
 
 def _unpadded_likelihood(lh: FieldSplitLikelihood) -> Likelihood:
     """The data likelihood of ``lh`` on the grid (``lh.likelihood``) without its padding rows."""
-    likelihood = lh.likelihood
     if not lh.padding_rows:
-        return likelihood
+        return lh.likelihood
     layout = lh.blocks_layout()
+    return _rows_changed(lh.likelihood, lh.grid_rows, lh.data_rows, lambda a: unpad_rows(a, layout))
+
+
+def _rows_changed(likelihood: Likelihood, rows: int, new_rows: int, fn) -> Likelihood:
+    """``likelihood`` with ``fn`` applied to every array with ``rows`` rows along axis 0 (held on the host), its
+    domain and metric square root's tangents with ``new_rows`` rows."""
 
     def one(x):
-        return x if np.ndim(x) == 0 or np.shape(x)[0] != lh.grid_rows else np.asarray(unpad_rows(np.asarray(x), layout))
+        if np.ndim(x) == 0 or np.shape(x)[0] != rows:
+            return x
+        return _host_grid(np.asarray(fn(np.asarray(x))), None)
 
     def sds(d):
-        return jax.ShapeDtypeStruct((lh.data_rows,) + tuple(d.shape[1:]), d.dtype)
+        return jax.ShapeDtypeStruct((new_rows,) + tuple(d.shape[1:]), d.dtype)
 
     lsm = likelihood.lsm_tangents_shape
     return jtu.tree_map(one, likelihood)._replaced(
