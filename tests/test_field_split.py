@@ -145,10 +145,18 @@ def test_blocks_with_padding_rows_give_the_same_bits_on_every_layout():
     for a, b in zip(jax.tree.leaves(lh.metric_operator(x)(t)), jax.tree.leaves(whole.metric_operator(x)(t))):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(lh.normalized_residual(x), whole.normalized_residual(x), rtol=1e-12, atol=1e-12)
-    # the samples between steps are whole (without the padding rows an array split over devices has no equal parts)
-    even = sv.Gaussian(d, noise_std=std).amend(model, field_blocks=4).layout
-    assert lh.layout.latent_bytes_per_device(lh.domain, 2) == lh.layout.latent_bytes_per_device(lh.domain, 1)
-    assert even.latent_bytes_per_device(lh.domain, 2) < even.latent_bytes_per_device(lh.domain, 1)
+    # between the engine's steps the residuals keep the padding rows, split over the model axis
+    st = ShardMap(devices=jax.devices()[:4], model_shards=2)
+    opt = sv.OptimizeVI(lh, 1, n_samples=1, sample_map=st, kl_map=st, progress=False, sample_mode="linear_resample")
+    mode, n, lin, nonlin, _ = opt._settings(0)
+    none = jax.tree.map(lambda v: jnp.zeros((0, *np.shape(v)), jnp.result_type(v)), pos)
+    with opt._session(leave=False):
+        drawn = opt._draw_samples(sv.Samples(pos, none), jax.random.PRNGKey(0), mode, n, lin, nonlin, 0)[0]
+        given = opt.draw_samples(sv.Samples(pos, none), jax.random.PRNGKey(0), mode, n, lin, nonlin, 0)[0]
+    inner = next(r for r in jax.tree.leaves(drawn.residuals) if r.ndim == 3)
+    assert inner.shape == (2, 12, 8) and {s.data.shape[1:] for s in inner.addressable_shards} == {(6, 8)}
+    outer = next(r for r in jax.tree.leaves(given.residuals) if r.ndim == 3)
+    assert outer.shape == (2, 8, 8) and np.array_equal(np.asarray(outer), np.asarray(inner)[:, :8])
 
 
 def test_split_likelihood_is_the_whole_likelihood():

@@ -33,7 +33,7 @@ from .errors import (
     check_kl_result,
     check_sampling_finite,
 )
-from .field_split import split_latent, unpadded_latent
+from .field_split import padded_latent, split_latent, unpadded_latent
 from .likelihood import Likelihood
 from .masks import parse_selection
 from .modes import SampleMode, SamplePlan, SampleSource, plan_samples
@@ -386,7 +386,13 @@ class OptimizeVI:
         :class:`NonPositiveCurvatureError` where the sampling metric is not
         positive definite; logs a warning for unconverged sample solves.
         """
-        pos = samples.pos
+        drawn, *info = self._draw_samples(samples, key, mode, n, lin, nonlin, iteration)
+        return (self._unpadded(drawn), *info)
+
+    def _draw_samples(self, samples, key, mode, n, lin, nonlin, iteration):
+        """:meth:`draw_samples`, the residuals as the engine's programs return them (a field split's grid leaves
+        with their blocks' padding rows, if any: kept split over the model axis between the steps)."""
+        pos = padded_latent(self.likelihood, samples.pos)
         n_prev = _key_count(samples)
         plan = plan_samples(mode, n, n_prev)
         if plan.source is SampleSource.NONE:
@@ -395,7 +401,7 @@ class OptimizeVI:
         if plan.source is SampleSource.UPDATE:
             keys = samples.keys
             r, nl_nit, nl_st = self._geovi_update(pos, samples.residuals, keys, n, nonlin, iteration)
-            return Samples(pos, self._unpadded(r), keys), [], nl_nit, plan.mode, [], nl_st
+            return Samples(pos, r, keys), [], nl_nit, plan.mode, [], nl_st
         if plan.fallback:
             logger.info("nonlinear_update without previous samples of the same count: drawing fresh ones")
         mode = plan.mode
@@ -411,7 +417,7 @@ class OptimizeVI:
         nl_nit, nl_st = [], []
         if mode.nonlinear:
             r, nl_nit, nl_st = self._geovi_update(pos, r, keys, n, nonlin, iteration)
-        return Samples(pos, self._unpadded(r), keys), np.asarray(cg_nit).tolist(), nl_nit, mode, cg_st, nl_st
+        return Samples(pos, r, keys), np.asarray(cg_nit).tolist(), nl_nit, mode, cg_st, nl_st
 
     def _geovi_update(self, pos, residuals, keys, n, nonlin, iteration):
         """The geoVI step on ``residuals`` (``n`` keys, mirrored as drawn): ``(residuals, nit, statuses)``."""
@@ -439,10 +445,13 @@ class OptimizeVI:
         leaves marked, to be placed with their rows split (:func:`~shardvi.vi.field_split.split_latent`)."""
         return split_latent(self.likelihood, self.kl_strategy if kl else self.sample_strategy, tree)
 
-    def _unpadded(self, tree):
-        """Latents from the engine's programs without the padding rows of field blocks that do not divide the
-        grid's rows (:func:`~shardvi.vi.field_split.unpadded_latent`): what leaves the engine."""
-        return unpadded_latent(self.likelihood, tree)
+    def _unpadded(self, samples: Samples) -> Samples:
+        """``samples`` from the engine's programs without the padding rows of field blocks that do not divide
+        the grid's rows (:func:`~shardvi.vi.field_split.unpadded_latent`): what leaves the engine (between its
+        steps it keeps them, and with them the grid rows split over the model axis). Without padding: the same
+        arrays."""
+        lh = self.likelihood
+        return Samples(unpadded_latent(lh, samples.pos), unpadded_latent(lh, samples.residuals), samples.keys)
 
     def _place_samples(self, samples: Samples) -> Samples:
         """``samples`` placed for the KL strategy (a field split's grid rows kept split over its model axis)."""
@@ -465,7 +474,7 @@ class OptimizeVI:
         with self._session(leave=False):
             samples, state, line = self._iterate(_Handover(samples), state)
             self._end_iteration(state, line)
-            return samples, state
+            return self._unpadded(samples), state
 
     def _end_iteration(self, state: OptimizeVIState, line: str) -> None:
         """The display's end of iteration ``state.nit - 1``: after its checkpoint, so a display that raises
@@ -501,7 +510,7 @@ class OptimizeVI:
         mode, n, lin, nonlin, klc = self._settings(nit)
         self._precompile_ahead(samples, state)
         key, k_samples = jax.random.split(state.key)
-        samples, cg_nit, nl_nit, mode, cg_st, nl_st = self.draw_samples(samples, k_samples, mode, n, lin, nonlin, nit)
+        samples, cg_nit, nl_nit, mode, cg_st, nl_st = self._draw_samples(samples, k_samples, mode, n, lin, nonlin, nit)
         samples = self._place_samples(samples)  # pos, residuals and keys on the same devices
         self._stage("KL minimization", ("kl", klc, n))
         res, ok = self._minimize(self._split(samples.pos, True), self._split(samples.residuals, True), config=klc)
@@ -530,7 +539,6 @@ class OptimizeVI:
         )
         line = format_report(report, self.n_total_iterations)
         logger.info(line)
-        samples = Samples(self._unpadded(samples.pos), self._unpadded(samples.residuals), samples.keys)
         return samples, OptimizeVIState(nit=nit + 1, key=key, history=state.history + (report,)), line
 
     def run(
@@ -570,13 +578,15 @@ class OptimizeVI:
                 handover = _Handover(samples)  # the last iteration's residuals go once the new ones are drawn
                 del samples
                 samples, state, line = self._iterate(handover, state)
+                given = self._unpadded(samples)  # (the same arrays without padding rows)
                 if checkpoint_dir is not None:
                     self._stage("writing checkpoint")
-                    ckpt.save_checkpoint(checkpoint_dir, samples, state, fingerprint=fingerprint)
+                    ckpt.save_checkpoint(checkpoint_dir, given, state, fingerprint=fingerprint)
                 self._end_iteration(state, line)
                 if callback is not None:
-                    callback(samples, state)
-        return samples, state
+                    callback(given, state)
+                del given
+        return self._unpadded(samples), state
 
 
 def run_fingerprint(opt: OptimizeVI, pos) -> dict:

@@ -75,6 +75,7 @@ __all__ = [
     "per_device",
     "whole",
     "split_latent",
+    "padded_latent",
     "unpadded_latent",
     "field_split_chi2_sums",
     "one_zero_residual",
@@ -108,10 +109,6 @@ class FieldRows(Layout):
 
     def latent_split(self, domain):
         return jtu.tree_map(lambda d: tuple(d.shape) in self.grid_shapes, domain)
-
-    def samples_split(self, domain):
-        # with padding rows the samples leave the steps without them: whole (a split array needs equal parts)
-        return self.latent_split(domain) if self.rows is None else jtu.tree_map(lambda _: False, domain)
 
     def require(self, what: str) -> None:
         raise NotImplementedError(
@@ -817,7 +814,7 @@ def split_latent(lh, strategy, tree):
     """
     if not isinstance(lh, FieldSplitLikelihood):
         return tree
-    tree = _latent_rows(lh, tree, pad_rows)  # padding rows appended (where the blocks have them)
+    tree = padded_latent(lh, tree)  # padding rows appended (where the blocks have them)
     k = getattr(strategy, "model_shards", 1)
     if k == 1:
         layout = lh.blocks_layout()
@@ -831,6 +828,12 @@ def split_latent(lh, strategy, tree):
     return jtu.tree_map(
         lambda x, s, d: MeshSlab(x, layout, mesh, len(d.shape)) if s else x, tree, lh.latent_split, lh.domain
     )
+
+
+def padded_latent(lh, tree):
+    """Latents (whole arrays, optionally with leading sample axes) with the padding rows of a field-split ``lh``
+    whose blocks have them appended (zero; those that have them kept); any other ``tree`` unchanged."""
+    return _latent_rows(lh, tree, pad_rows) if isinstance(lh, FieldSplitLikelihood) else tree
 
 
 def unpadded_latent(lh, tree):

@@ -99,16 +99,10 @@ class Layout(abc.ABC):
         """``domain``'s structure with ``True`` where a latent leaf's rows are split over a model axis."""
         return jtu.tree_map(lambda _: False, domain)
 
-    def samples_split(self, domain):
-        """:meth:`latent_split` for the samples the engine holds between its steps (the same unless a layout
-        keeps them whole there)."""
-        return self.latent_split(domain)
-
     def latent_bytes_per_device(self, domain, model_shards: int) -> int:
-        """Bytes one latent vector of ``domain`` held between the engine's steps occupies on a device of a model
-        axis with ``model_shards``."""
+        """Bytes one latent vector of ``domain`` occupies on a device of a model axis with ``model_shards``."""
         total = 0
-        for d, split in zip(jtu.tree_leaves(domain), jtu.tree_leaves(self.samples_split(domain)), strict=True):
+        for d, split in zip(jtu.tree_leaves(domain), jtu.tree_leaves(self.latent_split(domain)), strict=True):
             nbytes = int(d.size) * d.dtype.itemsize
             total += -(-nbytes // max(model_shards, 1)) if split else nbytes
         return total

@@ -247,7 +247,7 @@ def _measure_candidate(
     temps = {k: a[1] for k, a in analyses.items()}
     # the previous iteration's samples, on every device for the KL step (a split field's grid leaves: its rows)
     shards = getattr(strategy, "model_shards", 1) or 1
-    split = likelihood.layout.samples_split(likelihood.domain)
+    split = likelihood.layout.latent_split(likelihood.domain)
     resident = sum(
         tree_bytes(r) // (shards if s else 1) for r, s in zip(jtu.tree_leaves(residuals), jtu.tree_leaves(split))
     )
