@@ -578,7 +578,10 @@ class OptimizeVI:
                 handover = _Handover(samples)  # the last iteration's residuals go once the new ones are drawn
                 del samples
                 samples, state, line = self._iterate(handover, state)
-                given = self._unpadded(samples)  # (the same arrays without padding rows)
+                if checkpoint_dir is None and callback is None:
+                    self._end_iteration(state, line)
+                    continue
+                given = self._unpadded(samples)  # without padding rows (with them: a copy, made only here)
                 if checkpoint_dir is not None:
                     self._stage("writing checkpoint")
                     ckpt.save_checkpoint(checkpoint_dir, given, state, fingerprint=fingerprint)

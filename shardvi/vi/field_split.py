@@ -248,7 +248,7 @@ class FieldSplitLikelihood(AmendedLikelihood):
     @property
     def layout(self) -> FieldRows:
         """The data and the grid cut into ``n_blocks`` blocks of rows."""
-        return FieldRows(self.n_blocks, self.grid_shapes, self.data_rows if self.padding_rows else None)
+        return FieldRows(self.n_blocks, self.grid_shapes, self.blocks_layout().rows)
 
     def blocks_layout(self, axis: str | None = None, shards: int = 1) -> GridLayout:
         """The :class:`~shardvi.parallel.grid.GridLayout` of the blocks over ``shards`` devices along ``axis``."""
