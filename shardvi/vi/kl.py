@@ -14,27 +14,27 @@ from .likelihood import Likelihood
 __all__ = ["hamiltonian", "hamiltonian_metric", "hamiltonian_metric_operator", "kl_value_and_grad", "kl_metric"]
 
 
-def hamiltonian_metric(lh: Likelihood, xi, t):
+def hamiltonian_metric(likelihood: Likelihood, xi, t):
     """``M(xi) t = J^T F J t + t``."""
-    return hamiltonian_metric_operator(lh, xi)(t)
+    return hamiltonian_metric_operator(likelihood, xi)(t)
 
 
-def hamiltonian_metric_operator(lh: Likelihood, xi):
+def hamiltonian_metric_operator(likelihood: Likelihood, xi):
     """``t -> M(xi) t`` with the model evaluated and linearized at ``xi`` once (for CG solves)."""
-    op = lh.metric_operator(xi)
+    op = likelihood.metric_operator(xi)
     return lambda t: tm.add(op(t), t)
 
 
-def kl_value_and_grad(lh: Likelihood, pos, residuals, strategy):
+def kl_value_and_grad(likelihood: Likelihood, pos, residuals, strategy):
     """Sample-averaged ``H`` and its gradient at ``pos`` with fixed residuals.
 
     ``residuals`` has a leading sample axis; with zero samples this is the MAP
     objective ``H(pos)``.
     """
-    vg = lh.layout.hamiltonian_and_grad
+    vg = likelihood.layout.hamiltonian_and_grad
     if _n(residuals) == 0:
-        if not lh.layout.splits_latent:
-            return vg(lh, pos)
+        if not likelihood.layout.splits_latent:
+            return vg(likelihood, pos)
         residuals = one_zero_residual(pos)  # mean over one zero residual: H(pos), evaluated per device
 
     def one(lik, p, r):  # a field-split likelihood: per device on slabs (per_device), the gradient a slab
@@ -42,21 +42,21 @@ def kl_value_and_grad(lh: Likelihood, pos, residuals, strategy):
         return vg(lik, tm.add(p, r))
 
     # the likelihood is passed to the strategy as a broadcast argument (its arrays are never closed over)
-    return _like(pos, map_mean(strategy, one, (None, None, 0))(lh, pos, residuals))
+    return _like(pos, map_mean(strategy, one, (None, None, 0))(likelihood, pos, residuals))
 
 
-def kl_metric(lh: Likelihood, pos, residuals, tangent, strategy):
+def kl_metric(likelihood: Likelihood, pos, residuals, tangent, strategy):
     """Sample-averaged metric ``mean_i M(pos + r_i) t``."""
     if _n(residuals) == 0:
-        if not lh.layout.splits_latent:
-            return hamiltonian_metric(lh, pos, tangent)
+        if not likelihood.layout.splits_latent:
+            return hamiltonian_metric(likelihood, pos, tangent)
         residuals = one_zero_residual(pos)
 
     def one(lik, p, r, t):
         lik, p, r, t = per_device(lik, p, r, t)
         return hamiltonian_metric(lik, tm.add(p, r), t)
 
-    return _like(pos, map_mean(strategy, one, (None, None, 0, None))(lh, pos, residuals, tangent))
+    return _like(pos, map_mean(strategy, one, (None, None, 0, None))(likelihood, pos, residuals, tangent))
 
 
 def _like(pos, out):

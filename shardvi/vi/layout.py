@@ -42,9 +42,9 @@ from .samples import Samples
 __all__ = ["Layout", "Whole", "WHOLE", "hamiltonian"]
 
 
-def hamiltonian(lh, xi):
+def hamiltonian(likelihood, xi):
     """``H(xi) = H_lh(xi) + xi.xi / 2`` (latent prior N(0, I))."""
-    return lh.energy(xi) + 0.5 * tm.vdot(xi, xi)
+    return likelihood.energy(xi) + 0.5 * tm.vdot(xi, xi)
 
 
 @dataclasses.dataclass(frozen=True)

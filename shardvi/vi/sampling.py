@@ -58,12 +58,14 @@ def _metric_sample_parts(lh: Likelihood, lsm, key, keep):
     return project(keep, tm.add(lh._data_noise_sample(lsm, k1), e2)), e2
 
 
-def metric_sample(lh: Likelihood, pos, key, sample_mask=None):
+def metric_sample(likelihood: Likelihood, pos, key, sample_mask=None):
     """``y = J^T L e1 + e2 ~ N(0, M(pos))`` restricted to the sampled entries.
 
     ``e1`` (data-like) and ``e2`` (latent) are white and drawn from ``key``.
     """
-    return _metric_sample_parts(lh, functools.partial(lh.left_sqrt_metric, pos), key, _keep(lh, sample_mask))[0]
+    return _metric_sample_parts(
+        likelihood, functools.partial(likelihood.left_sqrt_metric, pos), key, _keep(likelihood, sample_mask)
+    )[0]
 
 
 def draw_linear_residual(
