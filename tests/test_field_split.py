@@ -378,6 +378,27 @@ def test_data_of_a_mask_given_on_its_grid_are_the_data_of_the_mask():
         sv.Gaussian(dg[:, :4], noise_std=1.0).amend(model, field_blocks=4)
 
 
+@pytest.mark.parametrize("response, blocks", [("Mask", 4), ("Sampling", 6)])
+def test_the_public_sampling_functions_take_a_field_split_likelihood(response, blocks):
+    """``metric_sample`` and ``draw_linear_residual`` called with a field-split likelihood of ``sv.Mask`` /
+    ``sv.Sampling`` data (4 blocks; 6 blocks with 4 padding rows) and whole latents: each datum's noise is the
+    unsplit likelihood's number of that datum, so the metric sample equals the unsplit one to rounding and the
+    MGVI residual to the solver's."""
+    model, d, std = masked(response)
+    pos = problem()[3]
+    whole = sv.Gaussian(d, noise_std=std).amend(model)
+    split = sv.Gaussian(d, noise_std=std).amend(model, field_blocks=blocks)
+    key = jax.random.PRNGKey(3)
+
+    def steps(lh):
+        return sv.vi.metric_sample(lh, pos, key), sv.draw_linear_residual(lh, pos, key, sv.CGConfig(tol=1e-12))[0]
+
+    for got, ref in zip(steps(split), steps(whole), strict=True):
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
+            assert a.shape == b.shape
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-10 * float(np.max(np.abs(b))))
+
+
 @pytest.mark.parametrize("kind", ["Mask-Gaussian", "Sampling-Gaussian", "Mask-Poisson"])
 def test_data_of_a_mask_or_sampling_split_with_the_field(kind):
     """A model ending in ``sv.Mask`` / ``sv.Sampling`` (what a user writes, unchanged) splits with the field:

@@ -345,7 +345,8 @@ class FieldSplitLikelihood(AmendedLikelihood):
         )
 
     def _data_noise_sample(self, lsm, key):
-        return self.per_device()._data_noise_sample(lsm, key)
+        """The per-device draw (each datum's number on its pixel), handed to ``lsm`` in the data's own layout."""
+        return self.per_device()._data_noise_sample(lambda e: lsm(self._to_data(whole(e))), key)
 
     def normalized_residual(self, xi):
         v = self.per_device()

@@ -43,7 +43,7 @@ __all__ = ["Layout", "Whole", "WHOLE", "hamiltonian"]
 
 
 def hamiltonian(likelihood, xi):
-    """``H(xi) = H_lh(xi) + xi.xi / 2`` (latent prior N(0, I))."""
+    """``H(xi) = likelihood.energy(xi) + xi.xi / 2`` (latent prior N(0, I))."""
     return likelihood.energy(xi) + 0.5 * tm.vdot(xi, xi)
 
 
