@@ -121,9 +121,9 @@ def test_data_blocks_agree_with_the_unsplit_run(case):
 def test_field_blocks_agree_with_the_unsplit_run():
     """The data of an ``sv.Sampling`` (60 % of the pixels, in scrambled order) of a field of 8 rows in 6 blocks of 2
     (4 padding rows, unobserved, zero in the latent; blocks that divide the rows are the case without padding of the
-    same code), on one device (every layout of the same blocks gives its bits: tests/test_field_split.py): each
-    datum's noise is drawn on its pixel with the unsplit run's number of that datum, so both agree with the unsplit
-    run to rounding."""
+    same code, their draws compared in tests/test_field_split.py), on one device (every layout of the same blocks
+    gives its bits: tests/test_field_split.py): each datum's noise is drawn on its pixel with the unsplit run's
+    number of that datum, so both agree with the unsplit run to rounding."""
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
     from test_field_split import masked, problem
 
