@@ -23,9 +23,6 @@ from shardvi.minimizers import (
     SolverError,
     Status,
     check_minimizer,
-    conjugate_gradient,
-    newton_cg,
-    optax_minimize,
     status_message,
 )
 
@@ -140,13 +137,18 @@ def test_throw_rejects_bad_accept(accept, exc, match):
         solution(Status.CONVERGED).throw(accept=accept)
 
 
-def test_one_result_module():
-    cg, config, ncg_mod, optax_adapter, sol_mod = (
-        importlib.import_module(f"shardvi.minimizers.{m}")
-        for m in ("cg", "config", "newton_cg", "optax_adapter", "solution")
-    )  # the package's newton_cg is the function
+def test_one_result_module_and_one_entry_point_per_solver():
+    cg, ncg_mod, optax_adapter, sol_mod = (
+        importlib.import_module(f"shardvi.minimizers.{m}") for m in ("cg", "newton_cg", "optax_adapter", "solution")
+    )
     assert not hasattr(ncg_mod, "OptimizeResult") and cg.CGResult is sol_mod.CGResult is CGResult
-    assert (config.CGConfig, config.NewtonCGConfig, config.OptaxConfig) == (CGConfig, NewtonCGConfig, OptaxConfig)
+    # each solver is run by its configuration's method; no public function duplicates it
+    for name in ("conjugate_gradient", "newton_cg", "optax_minimize", "trust_region_newton_cg", "cg_solve"):
+        assert not callable(getattr(sv.minimizers, name, None)), name
+    for mod in (cg, ncg_mod, optax_adapter, importlib.import_module("shardvi.minimizers.trust_region")):
+        public = [n for n in mod.__all__ if callable(getattr(mod, n)) and not isinstance(getattr(mod, n), type)]
+        assert public in ([], ["check_optimizer"]), (mod.__name__, public)
+    assert callable(CGConfig.solve) and all(callable(c.minimize) for c in (NewtonCGConfig, OptaxConfig))
     # the optax adapter does not depend on Newton-CG
     tree = ast.parse(pathlib.Path(optax_adapter.__file__).read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
@@ -158,13 +160,13 @@ def test_one_result_module():
 # ---------------------------------------------------------------------------------------------------
 def test_solvers_return_the_shared_types_and_throw_on_failure():
     fg, hp = quadratic()
-    res = conjugate_gradient(lambda v: jnp.asarray(A) @ v, jnp.asarray(B), config=CGConfig(tol=1e-12))
+    res = CGConfig(tol=1e-12).solve(lambda v: jnp.asarray(A) @ v, jnp.asarray(B))
     assert isinstance(res, CGResult)
     np.testing.assert_allclose(res.throw().x, EXACT, rtol=1e-10)
-    short = conjugate_gradient(lambda v: jnp.asarray(A) @ v, jnp.asarray(B), config=CGConfig(tol=1e-12, maxiter=2))
+    short = CGConfig(tol=1e-12, maxiter=2).solve(lambda v: jnp.asarray(A) @ v, jnp.asarray(B))
     with pytest.raises(SolverError, match="after 2 iterations: reached maxiter"):
         short.throw()
-    diverged = optax_minimize(fg, jnp.ones(N), OptaxConfig(optax.sgd(1e3), maxiter=1000))
+    diverged = OptaxConfig(optax.sgd(1e3), maxiter=1000).minimize(fg, None, jnp.ones(N))
     assert isinstance(diverged, Solution)
     with pytest.raises(SolverError, match=r"non-finite.*\(status NONFINITE\)"):
         diverged.throw(accept=Status.MAX_ITERATIONS)
@@ -173,14 +175,15 @@ def test_solvers_return_the_shared_types_and_throw_on_failure():
 # ---------------------------------------------------------------------------------------------------
 # the Minimizer protocol
 # ---------------------------------------------------------------------------------------------------
-def test_newton_cg_config_minimize_is_newton_cg():
+def test_newton_cg_config_is_a_minimizer_and_a_static_jit_argument():
     fg, hp = quadratic()
     cfg = NewtonCGConfig(gtol=1e-12, xtol=None)
     assert isinstance(cfg, Minimizer)
     via = jax.jit(lambda x, c: c.minimize(fg, hp, x, min_curvature=1.0), static_argnums=1)(jnp.zeros(N), cfg)
-    direct = jax.jit(lambda x, c: newton_cg(fg, hp, x, c, min_curvature=1.0), static_argnums=1)(jnp.zeros(N), cfg)
+    eager = cfg.minimize(fg, hp, jnp.zeros(N), min_curvature=1.0)
     assert isinstance(via, Solution)
-    assert_bitwise(via, direct)
+    assert int(via.nit) == int(eager.nit)
+    np.testing.assert_allclose(via.x, eager.x, rtol=1e-12)
     assert via.throw().message == "converged"
     np.testing.assert_allclose(via.x, EXACT, rtol=1e-10)
 
@@ -189,15 +192,15 @@ def test_newton_cg_config_minimize_is_newton_cg():
 def test_newton_cg_config_minimize_forwards_its_arguments(monkeypatch, min_curvature):
     ncg_mod = importlib.import_module("shardvi.minimizers.newton_cg")
     calls = []
-    monkeypatch.setattr(ncg_mod, "newton_cg", lambda *a, **k: calls.append((a, k)) or "sentinel")
+    monkeypatch.setattr(ncg_mod, "_newton_cg", lambda *a, **k: calls.append((a, k)) or "sentinel")
     cfg = NewtonCGConfig(maxiter=7)
     fg, hp = quadratic()
     x0 = jnp.zeros(N)
     assert cfg.minimize(fg, hp, x0, min_curvature=min_curvature) == "sentinel"
-    assert calls == [((fg, hp, x0, cfg), {"min_curvature": min_curvature})]
+    assert calls == [((fg, hp, x0, cfg), {"hessp_at": None, "min_curvature": min_curvature, "xtol_curvature": None})]
 
 
-def test_optax_config_minimize_is_optax_minimize_and_ignores_hessp():
+def test_optax_config_minimize_ignores_hessp():
     fg, hp = quadratic()
     cfg = OptaxConfig(optax.adam(0.05), maxiter=4000, gtol=1e-9)
     assert isinstance(cfg, Minimizer)
@@ -206,7 +209,7 @@ def test_optax_config_minimize_is_optax_minimize_and_ignores_hessp():
         raise AssertionError("the optax adapter must not call hessp")
 
     via = jax.jit(lambda x: cfg.minimize(fg, broken_hessp, x, min_curvature=1.0))(jnp.zeros(N))
-    direct = jax.jit(lambda x: optax_minimize(fg, x, cfg))(jnp.zeros(N))
+    direct = jax.jit(lambda x: cfg.minimize(fg, None, x))(jnp.zeros(N))
     assert_bitwise(via, direct)
     assert bool(via.converged), via.message
     np.testing.assert_allclose(via.x, EXACT, atol=1e-8)
@@ -280,15 +283,15 @@ def test_optax_config_check_traces_the_optimizer_on_the_parameters():
 @pytest.mark.parametrize("kw", ["min_curvature", "xtol_curvature"])
 def test_newton_cg_rejects_a_bad_curvature_bound(kw):
     fg, hp = quadratic()
-    with pytest.raises(ValueError, match=f"newton_cg.{kw} must be a finite number >= 0"):
-        newton_cg(fg, hp, jnp.zeros(N), NewtonCGConfig(), **{kw: -1.0})
-    with pytest.raises(TypeError, match=f"newton_cg.{kw} must be a float or None"):
-        newton_cg(fg, hp, jnp.zeros(N), NewtonCGConfig(), **{kw: "1"})
+    with pytest.raises(ValueError, match=f"NewtonCGConfig.minimize.{kw} must be a finite number >= 0"):
+        NewtonCGConfig().minimize(fg, hp, jnp.zeros(N), **{kw: -1.0})
+    with pytest.raises(TypeError, match=f"NewtonCGConfig.minimize.{kw} must be a float or None"):
+        NewtonCGConfig().minimize(fg, hp, jnp.zeros(N), **{kw: "1"})
 
 
 def test_newton_cg_config_minimize_checks_min_curvature():
     fg, hp = quadratic()
-    with pytest.raises(ValueError, match="newton_cg.min_curvature must be a finite number >= 0"):
+    with pytest.raises(ValueError, match="NewtonCGConfig.minimize.min_curvature must be a finite number >= 0"):
         NewtonCGConfig().minimize(fg, hp, jnp.zeros(N), min_curvature=float("nan"))
 
 

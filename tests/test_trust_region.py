@@ -23,7 +23,6 @@ from shardvi.minimizers import (
     Status,
     TrustRegionConfig,
     check_minimizer,
-    trust_region_newton_cg,
 )
 
 TIGHT = TrustRegionConfig(gtol=1e-10, xtol=None, maxiter=400)  # scipy's radius rules and forcing term
@@ -66,7 +65,7 @@ def recording(f):
 
 ROSEN, ROSEN_HP = recording(rosen), hessp_of(rosen)
 WELL, WELL_HP = recording(double_well), hessp_of(double_well)
-_solve = jax.jit(lambda fg, hp, x0, cfg: trust_region_newton_cg(fg, hp, x0, cfg), static_argnums=(0, 1, 3))
+_solve = jax.jit(lambda fg, hp, x0, cfg: cfg.minimize(fg, hp, x0), static_argnums=(0, 1, 3))
 
 
 def run(fg, hp, x0, cfg=TIGHT):
@@ -133,7 +132,7 @@ def test_rosenbrock_trial_points_match_scipy(start):
 def test_vmap_over_starting_points():
     """Each batch member keeps its own iterations and status (one at its minimum from the start)."""
     x0s = np.stack([ROSEN_STARTS["2d"], ROSEN_STARTS["2d-indefinite"], np.ones(2), np.array([2.0, -1.0])])
-    batched = jax.jit(jax.vmap(lambda x: trust_region_newton_cg(ROSEN, ROSEN_HP, x, TIGHT)))(jnp.asarray(x0s))
+    batched = jax.jit(jax.vmap(lambda x: TIGHT.minimize(ROSEN, ROSEN_HP, x)))(jnp.asarray(x0s))
     jax.effects_barrier()
     TRIALS.clear()
     for i, x0 in enumerate(x0s):
@@ -182,7 +181,7 @@ def solve_quadratic(x0, a, b, a_grad=None, b_grad=None, a_hess=None, *, cfg=TIGH
         return 0.5 * x @ (a @ x) - b @ x, a_grad @ x - b_grad
 
     # A >= I: every quadratic here runs with the driver's declaration (the metric is >= I)
-    return trust_region_newton_cg(fg, lambda x, v: a_hess @ v, x0, cfg, min_curvature=1.0)
+    return cfg.minimize(fg, lambda x, v: a_hess @ v, x0, min_curvature=1.0)
 
 
 def run_quadratic(x0, *, cfg=TIGHT, **kw):
@@ -308,7 +307,7 @@ def solve_1d(x0, a, b, c, lo):
         return jnp.sum(a * x + b * x**2 - c * jnp.log(x) + jnp.where(x >= lo, 0.0, jnp.nan))
 
     cfg = TrustRegionConfig(gtol=1e-12, xtol=None, initial_radius=100.0)
-    return trust_region_newton_cg(recording(f), hessp_of(f), x0, cfg)
+    return cfg.minimize(recording(f), hessp_of(f), x0)
 
 
 def run_1d(x0, a=0.0, b=0.0, c=0.0, lo=-np.inf):
@@ -384,7 +383,7 @@ def test_bad_config_values_are_rejected(kw, exc, match):
         TrustRegionConfig(**kw)
 
 
-def test_config_is_a_hashable_minimizer_and_minimize_is_the_function():
+def test_config_is_a_hashable_minimizer():
     cfg = DEFAULT
     assert (
         isinstance(cfg, Minimizer)
@@ -396,13 +395,10 @@ def test_config_is_a_hashable_minimizer_and_minimize_is_the_function():
     x0 = jnp.asarray(ROSEN_STARTS["2d"])
     fg = jax.value_and_grad(rosen)
     via = jax.make_jaxpr(lambda x: cfg.minimize(fg, ROSEN_HP, x, min_curvature=0.5))(x0)
-    direct = jax.make_jaxpr(lambda x: trust_region_newton_cg(fg, ROSEN_HP, x, cfg, min_curvature=0.5))(x0)
-    other = jax.make_jaxpr(lambda x: trust_region_newton_cg(fg, ROSEN_HP, x, cfg, min_curvature=None))(x0)
-    assert str(via) == str(direct) != str(other)  # the same program (nothing compiled)
+    other = jax.make_jaxpr(lambda x: cfg.minimize(fg, ROSEN_HP, x, min_curvature=None))(x0)
+    assert str(via) != str(other)  # the curvature bound reaches the solver (nothing compiled)
     assert isinstance(jax.eval_shape(lambda x: cfg.minimize(fg, ROSEN_HP, x), x0), Solution)
-    with pytest.raises(TypeError, match="config must be a TrustRegionConfig"):
-        trust_region_newton_cg(ROSEN, ROSEN_HP, x0, NewtonCGConfig())  # pyright: ignore[reportArgumentType]
-    with pytest.raises(ValueError, match="trust_region_newton_cg.min_curvature must be a finite number >= 0"):
+    with pytest.raises(ValueError, match="TrustRegionConfig.minimize.min_curvature must be a finite number >= 0"):
         cfg.minimize(ROSEN, ROSEN_HP, x0, min_curvature=-1.0)
 
 

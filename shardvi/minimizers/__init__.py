@@ -1,14 +1,18 @@
 """Jittable solvers: conjugate gradient, Newton-CG (line search or trust region), optax adapter; the
 :class:`Minimizer` base and result types.
+
+Each solver is its configuration: a frozen, validated ``...Config`` whose method runs it
+(``CGConfig(...).solve(matvec, b)``, ``NewtonCGConfig(...).minimize(fun_and_grad, hessp, x0)``).
+The minimizers' ``minimize`` is the :class:`Minimizer` interface that ``optimize_kl`` calls.
 """
 
-from .cg import CGConfig, conjugate_gradient
+from .cg import CGConfig
 from .minimizer import Minimizer, check_minimizer
-from .newton_cg import NewtonCGConfig, newton_cg
-from .optax_adapter import OptaxConfig, optax_minimize
+from .newton_cg import NewtonCGConfig
+from .optax_adapter import OptaxConfig
 from .solution import CGResult, Solution, SolverError
 from .status import Status, status_message
-from .trust_region import TrustRegionConfig, trust_region_newton_cg
+from .trust_region import TrustRegionConfig
 
 __all__ = [
     "CGConfig",
@@ -21,9 +25,5 @@ __all__ = [
     "Status",
     "TrustRegionConfig",
     "check_minimizer",
-    "conjugate_gradient",
-    "newton_cg",
-    "optax_minimize",
     "status_message",
-    "trust_region_newton_cg",
 ]

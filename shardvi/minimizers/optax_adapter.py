@@ -21,16 +21,17 @@ from .status import Status
 if TYPE_CHECKING:  # imported where used: a run that does not use optax does not load it (memory per process)
     import optax
 
-__all__ = ["OptaxConfig", "check_optimizer", "optax_minimize"]
+__all__ = ["OptaxConfig", "check_optimizer"]
 
 
 @dataclasses.dataclass(frozen=True)
 class OptaxConfig(Minimizer):
-    """Run an ``optax.GradientTransformation`` as a :class:`~shardvi.minimizers.Minimizer`.
+    """An ``optax.GradientTransformation`` as a :class:`~shardvi.minimizers.Minimizer`: its settings, and the
+    solver (:meth:`minimize`).
 
-    ``OptaxConfig(...).minimize(fun_and_grad, hessp, x0)`` is
-    ``optax_minimize(fun_and_grad, x0, config)``: first-order, ``hessp`` and
-    ``min_curvature`` are ignored.
+    ``OptaxConfig(optax.adam(1e-2)).minimize(fun_and_grad, None, x0)`` runs it
+    (first-order: no ``hessp``); ``optimize_kl`` calls the same method on its
+    ``kl_minimization``.
 
     Parameters
     ----------
@@ -66,9 +67,36 @@ class OptaxConfig(Minimizer):
         check_tol("OptaxConfig", "gtol", self.gtol)
         check_name("OptaxConfig", self.name)
 
-    def minimize(self, fun_and_grad: Callable, hessp: Callable, x0, *, min_curvature: float | None = None) -> Solution:
-        """:func:`optax_minimize` with this configuration; ``hessp`` and ``min_curvature`` are unused."""
-        return optax_minimize(fun_and_grad, x0, self)
+    def minimize(
+        self, fun_and_grad: Callable, hessp: Callable | None, x0, *, min_curvature: float | None = None
+    ) -> Solution:
+        """Minimize with ``optimizer`` for at most ``maxiter`` steps.
+
+        Parameters
+        ----------
+        fun_and_grad : callable
+            ``x -> (f(x), grad f(x))``.
+        hessp : callable or None
+            Unused (first-order): pass ``None``; the engine passes its metric.
+        x0 : pytree
+            Starting point.
+        min_curvature : float, optional
+            Unused.
+
+        Returns
+        -------
+        Solution
+
+        Notes
+        -----
+        Optimizers that take extra arguments (``optax.lbfgs`` and other
+        ``GradientTransformationExtraArgs``) receive ``value``, ``grad`` and
+        ``value_fn``; ``value_fn`` is differentiable in reverse mode with the
+        gradient of ``fun_and_grad`` (:func:`differentiable_value`), so line
+        searches never differentiate through ``fun_and_grad`` itself. Pure and
+        jittable.
+        """
+        return _optax_minimize(fun_and_grad, x0, self)
 
     def check(self, params, argname: str = "minimizer") -> None:
         """Trace ``init`` and one ``update`` on ``params`` (:func:`check_optimizer`).
@@ -206,20 +234,10 @@ def check_optimizer(optimizer, params, argname: str = "optimizer") -> None:
     jax.eval_shape(probe, params)
 
 
-def optax_minimize(fun_and_grad: Callable, x0, config: OptaxConfig) -> Solution:
-    """Minimize with ``config.optimizer`` for at most ``config.maxiter`` steps.
-
-    Optimizers that take extra arguments (``optax.lbfgs`` and other
-    ``GradientTransformationExtraArgs``) receive ``value``, ``grad`` and
-    ``value_fn``; ``value_fn`` is differentiable in reverse mode with the
-    gradient of ``fun_and_grad`` (:func:`differentiable_value`), so line
-    searches never differentiate through ``fun_and_grad`` itself. Pure and
-    jittable.
-    """
+def _optax_minimize(fun_and_grad: Callable, x0, config: OptaxConfig) -> Solution:
+    """The algorithm of :meth:`OptaxConfig.minimize`."""
     import optax
 
-    if not isinstance(config, OptaxConfig):
-        raise TypeError(f"config must be an OptaxConfig, got {type(config).__name__}")
     opt = config.optimizer
     argname = "OptaxConfig.optimizer"
     value_fn = differentiable_value(fun_and_grad)

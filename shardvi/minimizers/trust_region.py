@@ -18,7 +18,7 @@ from .progress import log_iteration
 from .solution import Solution
 from .status import Status
 
-__all__ = ["TrustRegionConfig", "trust_region_newton_cg"]
+__all__ = ["TrustRegionConfig"]
 
 _SHRINK_BELOW, _GROW_ABOVE = 0.25, 0.75  # Nocedal & Wright, Alg. 4.1: ratio thresholds of the radius update
 _SHRINK, _GROW = 0.25, 2.0  # ... and the factors
@@ -32,10 +32,11 @@ def _positive(owner: str, name: str, value) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class TrustRegionConfig(Minimizer):
-    """Trust-region Newton-CG as a :class:`~shardvi.minimizers.Minimizer`: radius rules and stopping rules.
+    """Trust-region Newton-CG: its radius rules and stopping rules, and the solver (:meth:`minimize`).
 
-    ``TrustRegionConfig(...).minimize(fun_and_grad, hessp, x0, min_curvature=c)``
-    is ``trust_region_newton_cg(fun_and_grad, hessp, x0, config, min_curvature=c)``.
+    ``TrustRegionConfig(...).minimize(fun_and_grad, hessp, x0)`` runs it
+    (:meth:`minimize`); ``optimize_kl`` calls the same method on its
+    ``kl_minimization``.
     The defaults of the radius rules are scipy's (``method='trust-ncg'``).
 
     Parameters
@@ -103,8 +104,63 @@ class TrustRegionConfig(Minimizer):
         check_name(owner, self.name)
 
     def minimize(self, fun_and_grad: Callable, hessp: Callable, x0, *, min_curvature: float | None = None) -> Solution:
-        """:func:`trust_region_newton_cg` with this configuration (see :meth:`Minimizer.minimize`)."""
-        return trust_region_newton_cg(fun_and_grad, hessp, x0, self, min_curvature=min_curvature)
+        """Minimize a smooth function with trust-region Newton-CG steps (Steihaug-Toint).
+
+        Parameters
+        ----------
+        fun_and_grad : callable
+            ``x -> (f(x), grad f(x))``.
+        hessp : callable
+            ``(x, v) -> H(x) v`` with ``H`` symmetric: the Hessian (it may be
+            indefinite) or a positive (semi-)definite metric.
+        x0 : pytree
+            Starting point.
+        min_curvature : float, optional
+            Declares ``H`` a metric with ``d.H.d >= min_curvature |d|^2`` (``1``
+            for ``J^T F J + I``): a direction that violates it beyond rounding
+            stops the minimizer at its current point with status
+            ``NONPOSITIVE_CURVATURE`` (a broken operator). Without it non-positive
+            curvature is Steihaug's: the step goes to the trust-region boundary.
+
+        Returns
+        -------
+        Solution
+            ``nit`` counts iterations (accepted and rejected steps), ``ncg`` the
+            applications of ``hessp``, ``nfev`` the ``fun_and_grad`` calls
+            (``nit + 1``).
+
+        Notes
+        -----
+        Nocedal & Wright, *Numerical Optimization* (2nd ed., 2006): the radius
+        update of Alg. 4.1 and the CG-Steihaug subproblem solver of Alg. 7.2.
+        Each iteration runs CG on ``H p = -g`` from ``p = 0`` until the residual
+        is below ``min(cg_tol, sqrt(|g|)) |g|`` (a Newton step), a direction has
+        non-positive curvature, or an iterate leaves the region ``|p| <= radius``
+        (then the step ends on its boundary). The ratio ``rho`` of the actual
+        decrease ``f(x) - f(x + p)`` to the model's ``-(g.p + p.H.p/2)`` decides:
+        ``rho < 1/4`` shrinks the radius by 4, ``rho > 3/4`` with a step on the
+        boundary doubles it (up to ``max_radius``), and ``rho > eta`` accepts the
+        step. A trial point where ``f`` or its gradient is not finite counts as
+        ``rho = -inf`` (rejected, radius shrunk). With the same rules scipy's
+        ``minimize(method='trust-ncg')`` is this algorithm, up to one addition:
+        where both decreases are below the rounding of ``f`` (``100 eps |f|``),
+        the actual one is taken from the gradients, ``-p.(g(x) + g(x + p))/2``
+        (the trapezoid rule, exact for quadratics; the idea of Hager and Zhang's
+        approximate Armijo condition in :meth:`~shardvi.minimizers.NewtonCGConfig.minimize`),
+        so that the last steps to a minimum with ``|f| >> 0`` are not rejected
+        for rounding noise.
+
+        Stopping rules as :meth:`NewtonCGConfig.minimize <shardvi.minimizers.NewtonCGConfig.minimize>`'s: ``gtol`` on
+        the gradient at the current point; ``xtol`` and ``absdelta`` on Newton
+        steps only; a Newton step that changes ``f`` by rounding noise only
+        (``100 eps |f|``), as the model predicts, and does not reduce ``|g|`` is
+        the precision floor and ends the run as converged. A step that no longer
+        changes ``x`` in floating point (the radius collapsed) ends it with
+        ``LINE_SEARCH_FAILED``: no decrease of ``f`` was found. Pure and
+        jittable; vmappable. Inner products and norms go through
+        :mod:`shardvi.tree_math` (pytree and slab positions).
+        """
+        return _trust_region_newton_cg(fun_and_grad, hessp, x0, self, min_curvature=min_curvature)
 
 
 class _Inner(NamedTuple):
@@ -136,7 +192,7 @@ def _steihaug(op: Callable, g, radius, tol, maxiter: int, min_curvature, real) -
         q = op(c.d)
         curv = tm.vdot(c.d, q)
         dd = tm.vdot(c.d, c.d)
-        scale = jnp.sqrt(dd) * tm.norm(q)  # curvature below eps |d| |Hd| is rounding noise (as in cg_solve)
+        scale = jnp.sqrt(dd) * tm.norm(q)  # curvature below eps |d| |Hd| is rounding noise (as in _cg_solve)
         positive = curv > eps * scale  # False for a nan curvature
         if min_curvature is not None:
             positive = positive & (curv >= min_curvature * dd - jnp.sqrt(eps) * scale)
@@ -192,75 +248,11 @@ class _State(NamedTuple):
     fresh: jax.Array  # f and g not evaluated yet (the first pass of the loop evaluates them at x0)
 
 
-def trust_region_newton_cg(
-    fun_and_grad: Callable,
-    hessp: Callable,
-    x0,
-    config: TrustRegionConfig = TrustRegionConfig(),
-    *,
-    min_curvature: float | None = None,
+def _trust_region_newton_cg(
+    fun_and_grad: Callable, hessp: Callable, x0, config: TrustRegionConfig, *, min_curvature: float | None
 ) -> Solution:
-    """Minimize a smooth function with trust-region Newton-CG steps (Steihaug-Toint).
-
-    Parameters
-    ----------
-    fun_and_grad : callable
-        ``x -> (f(x), grad f(x))``.
-    hessp : callable
-        ``(x, v) -> H(x) v`` with ``H`` symmetric: the Hessian (it may be
-        indefinite) or a positive (semi-)definite metric.
-    x0 : pytree
-        Starting point.
-    config : TrustRegionConfig
-        Radius rules, stopping rules and inner CG settings.
-    min_curvature : float, optional
-        Declares ``H`` a metric with ``d.H.d >= min_curvature |d|^2`` (``1``
-        for ``J^T F J + I``): a direction that violates it beyond rounding
-        stops the minimizer at its current point with status
-        ``NONPOSITIVE_CURVATURE`` (a broken operator). Without it non-positive
-        curvature is Steihaug's: the step goes to the trust-region boundary.
-
-    Returns
-    -------
-    Solution
-        ``nit`` counts iterations (accepted and rejected steps), ``ncg`` the
-        applications of ``hessp``, ``nfev`` the ``fun_and_grad`` calls
-        (``nit + 1``).
-
-    Notes
-    -----
-    Nocedal & Wright, *Numerical Optimization* (2nd ed., 2006): the radius
-    update of Alg. 4.1 and the CG-Steihaug subproblem solver of Alg. 7.2.
-    Each iteration runs CG on ``H p = -g`` from ``p = 0`` until the residual
-    is below ``min(cg_tol, sqrt(|g|)) |g|`` (a Newton step), a direction has
-    non-positive curvature, or an iterate leaves the region ``|p| <= radius``
-    (then the step ends on its boundary). The ratio ``rho`` of the actual
-    decrease ``f(x) - f(x + p)`` to the model's ``-(g.p + p.H.p/2)`` decides:
-    ``rho < 1/4`` shrinks the radius by 4, ``rho > 3/4`` with a step on the
-    boundary doubles it (up to ``max_radius``), and ``rho > eta`` accepts the
-    step. A trial point where ``f`` or its gradient is not finite counts as
-    ``rho = -inf`` (rejected, radius shrunk). With the same rules scipy's
-    ``minimize(method='trust-ncg')`` is this algorithm, up to one addition:
-    where both decreases are below the rounding of ``f`` (``100 eps |f|``),
-    the actual one is taken from the gradients, ``-p.(g(x) + g(x + p))/2``
-    (the trapezoid rule, exact for quadratics; the idea of Hager and Zhang's
-    approximate Armijo condition in :func:`~shardvi.minimizers.newton_cg`),
-    so that the last steps to a minimum with ``|f| >> 0`` are not rejected
-    for rounding noise.
-
-    Stopping rules as :func:`~shardvi.minimizers.newton_cg`'s: ``gtol`` on
-    the gradient at the current point; ``xtol`` and ``absdelta`` on Newton
-    steps only; a Newton step that changes ``f`` by rounding noise only
-    (``100 eps |f|``), as the model predicts, and does not reduce ``|g|`` is
-    the precision floor and ends the run as converged. A step that no longer
-    changes ``x`` in floating point (the radius collapsed) ends it with
-    ``LINE_SEARCH_FAILED``: no decrease of ``f`` was found. Pure and
-    jittable; vmappable. Inner products and norms go through
-    :mod:`shardvi.tree_math` (pytree and slab positions).
-    """
-    if not isinstance(config, TrustRegionConfig):
-        raise TypeError(f"config must be a TrustRegionConfig, got {type(config).__name__}")
-    check_tol("trust_region_newton_cg", "min_curvature", min_curvature)
+    """The algorithm of :meth:`TrustRegionConfig.minimize`."""
+    check_tol("TrustRegionConfig.minimize", "min_curvature", min_curvature)
     n = tm.size(x0)
     # f and g at x0 come from the loop's first pass, at the one call site of fun_and_grad (as newton_cg: each
     # call site inlines the whole objective)

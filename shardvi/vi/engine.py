@@ -15,8 +15,9 @@ from jax import tree_util as jtu
 
 from ..exceptions import ConvergenceWarning
 from ..host_memory import keep_host_memory_low, release_host_memory
-from ..minimizers.config import CGConfig, NewtonCGConfig
+from ..minimizers.cg import CGConfig
 from ..minimizers.minimizer import Minimizer
+from ..minimizers.newton_cg import NewtonCGConfig
 from ..parallel.grid import slab_values, unsplit
 from ..parallel.memory import check_memory
 from ..parallel.mesh import check_devices

@@ -27,7 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
 
-from ..minimizers.config import CGConfig, NewtonCGConfig
+from ..minimizers.cg import CGConfig
+from ..minimizers.newton_cg import NewtonCGConfig
 from ..parallel.field_arrays import is_global
 from ..parallel.memory import format_bytes, tree_bytes
 from ..parallel.memory import memory_limit as device_memory_limit  # plan's argument has the function's name

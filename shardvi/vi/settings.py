@@ -15,8 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
 
-from ..minimizers.config import CGConfig, NewtonCGConfig
+from ..minimizers.cg import CGConfig
 from ..minimizers.minimizer import Minimizer, check_minimizer
+from ..minimizers.newton_cg import NewtonCGConfig
 from ..models.model import check_x64
 from . import checkpoint as ckpt
 from .likelihood import Likelihood
