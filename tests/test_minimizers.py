@@ -18,9 +18,11 @@ from shardvi.minimizers import (
     NewtonCGConfig,
     OptaxConfig,
     Status,
+    conjugate_gradient,
+    newton_cg,
     status_message,
 )
-from shardvi.minimizers.cg import _cg_solve
+from shardvi.minimizers.cg import cg_solve
 
 N = 12
 
@@ -69,14 +71,13 @@ TIGHT = CGConfig(tol=1e-13, maxiter=200)
 @functools.partial(jax.jit, static_argnames=("config",))
 def cg_dense(a, b, x0=None, *, config=TIGHT):
     """Jitted CG on a dense matrix; compiled once per config (and x0 presence)."""
-    return config.solve(lambda v: a @ v, b, x0)
+    return conjugate_gradient(lambda v: a @ v, b, x0, config)
 
 
 @jax.jit
 def cg_steps(a, b, m):
-    """CG with every criterion off and a traced iteration cap: the m-th iterate (one compilation; the solver
-    behind ``CGConfig.solve`` takes traced bounds, a config does not)."""
-    return _cg_solve(lambda v: a @ v, b, tol=None, maxiter=m)
+    """CG with every criterion off and a traced iteration cap: the m-th iterate (one compilation)."""
+    return cg_solve(lambda v: a @ v, b, tol=None, maxiter=m)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -120,7 +121,7 @@ def test_cg_pytree_vector_matches_flattened_solve():
     def mv(v):
         return unravel(jnp.asarray(a) @ ravel_pytree(v)[0])
 
-    res = TIGHT.solve(mv, b)
+    res = conjugate_gradient(mv, b, config=TIGHT)
     assert jax.tree_util.tree_structure(res.x) == jax.tree_util.tree_structure(b)
     assert res.x["b"].shape == (2, 2)
     np.testing.assert_allclose(ravel_pytree(res.x)[0], np.linalg.solve(a, b_flat), atol=1e-11)
@@ -151,7 +152,7 @@ def test_status_messages():
 
 def test_cg_under_jit_equals_eager():
     mv = matvec_of(A0)
-    eager = TIGHT.solve(mv, jnp.asarray(B0))
+    eager = conjugate_gradient(mv, jnp.asarray(B0), config=TIGHT)
     jitted = cg_dense(jnp.asarray(A0), jnp.asarray(B0))
     np.testing.assert_allclose(jitted.x, eager.x, rtol=0, atol=1e-12)
     assert int(jitted.nit) == int(eager.nit)
@@ -173,8 +174,8 @@ def test_cg_vmap_each_member_keeps_its_own_iteration_count():
     )
     cfg = CGConfig(tol=1e-12, maxiter=100)
     mv = matvec_of(A0)
-    solve = jax.jit(lambda b: cfg.solve(mv, b))
-    batched = jax.jit(jax.vmap(lambda b: cfg.solve(mv, b)))(jnp.asarray(batch))
+    solve = jax.jit(lambda b: conjugate_gradient(mv, b, config=cfg))
+    batched = jax.jit(jax.vmap(lambda b: conjugate_gradient(mv, b, config=cfg)))(jnp.asarray(batch))
     assert batched.x.shape == batch.shape and batched.nit.shape == (len(batch),)
     nits = []
     for i, b in enumerate(batch):
@@ -193,7 +194,7 @@ def test_cg_vmap_over_matrices_and_x0():
     mats = jnp.stack([jnp.asarray(spd(s, n=6)) for s in range(3)])
     bs = jnp.stack([jnp.asarray(rhs(s, n=6)) for s in range(3)])
     x0s = jnp.stack([jnp.zeros(6), jnp.ones(6), -jnp.ones(6)])
-    out = jax.vmap(lambda a, b, x0: TIGHT.solve(lambda v: a @ v, b, x0))(mats, bs, x0s)
+    out = jax.vmap(lambda a, b, x0: conjugate_gradient(lambda v: a @ v, b, x0, config=TIGHT))(mats, bs, x0s)
     for i in range(3):
         np.testing.assert_allclose(out.x[i], np.linalg.solve(mats[i], bs[i]), atol=1e-10)
     assert bool(jnp.all(out.converged))
@@ -292,10 +293,10 @@ def test_cg_miniter_on_exactly_solved_system_reports_convergence():
     # A = 2 I is solved exactly in one step; miniter must not turn the zero residual into a
     # "non-positive curvature" failure
     b = jnp.asarray(B0)
-    res = CGConfig(miniter=3).solve(lambda v: 2.0 * v, b)
+    res = conjugate_gradient(lambda v: 2.0 * v, b, config=CGConfig(miniter=3))
     assert int(res.status) == Status.CONVERGED, status_message(res.status)
     np.testing.assert_allclose(res.x, B0 / 2, rtol=1e-15)
-    zero = CGConfig(miniter=3).solve(matvec_of(A0), jnp.zeros(N))
+    zero = conjugate_gradient(matvec_of(A0), jnp.zeros(N), config=CGConfig(miniter=3))
     assert int(zero.status) == Status.CONVERGED and int(zero.nit) == 0
 
 
@@ -329,12 +330,12 @@ def test_cg_detects_nonpositive_curvature(kind):
 
 
 def test_cg_zero_rhs_returns_zeros_without_iterating():
-    res = CGConfig().solve(matvec_of(A0), jnp.zeros(N))
+    res = conjugate_gradient(matvec_of(A0), jnp.zeros(N))
     assert int(res.nit) == 0 and bool(res.converged)
     np.testing.assert_array_equal(res.x, np.zeros(N))
     assert float(res.energy) == 0.0 and float(res.resnorm) == 0.0
     tree = {"u": jnp.zeros(3), "v": jnp.zeros((2,))}
-    res = CGConfig().solve(lambda t: jax.tree_util.tree_map(lambda x: 3 * x, t), tree)
+    res = conjugate_gradient(lambda t: jax.tree_util.tree_map(lambda x: 3 * x, t), tree)
     assert int(res.nit) == 0
     assert all(np.all(np.asarray(leaf) == 0) for leaf in jax.tree_util.tree_leaves(res.x))
 
@@ -354,27 +355,29 @@ def test_cg_energy_equals_quadratic_form():
 
 def test_cg_nonfinite():
     b = jnp.asarray(B0).at[0].set(jnp.nan)
-    res = CGConfig().solve(matvec_of(A0), b)
+    res = conjugate_gradient(matvec_of(A0), b)
     assert int(res.status) == Status.NONFINITE and int(res.nit) == 0
 
     def bad(v):
         return jnp.asarray(A0) @ v * jnp.nan
 
-    res = CGConfig().solve(bad, jnp.asarray(B0))
+    res = conjugate_gradient(bad, jnp.asarray(B0))
     assert int(res.status) == Status.NONFINITE and not bool(res.converged)
 
 
 def test_cg_float32_stays_float32():
     # x64 is enabled (conftest) — float32 problems must not be promoted inside the loop
     a = jnp.asarray(A0, jnp.float32)
-    res = CGConfig(tol=1e-5).solve(lambda v: a @ v, jnp.asarray(B0, jnp.float32))
+    res = conjugate_gradient(lambda v: a @ v, jnp.asarray(B0, jnp.float32), config=CGConfig(tol=1e-5))
     assert res.x.dtype == jnp.float32 and bool(res.converged)
     np.testing.assert_allclose(res.x, np.linalg.solve(A0, B0), rtol=1e-3, atol=1e-4)
 
 
 def test_cg_argument_types():
+    with pytest.raises(TypeError, match="config"):
+        conjugate_gradient(matvec_of(A0), jnp.asarray(B0), config={"tol": 1e-3})
     with pytest.raises(TypeError, match="matvec"):
-        CGConfig().solve(A0, jnp.asarray(B0))
+        conjugate_gradient(A0, jnp.asarray(B0))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -397,7 +400,7 @@ ROSEN_STARTS = [
     np.zeros(5),
 ]
 ROSEN_CFG = NewtonCGConfig(xtol=1e-12, maxiter=300)
-newton_rosen = jax.jit(lambda x0, cfg: cfg.minimize(ROSEN_FG, rosen_hessp, x0), static_argnums=1)
+newton_rosen = jax.jit(lambda x0, cfg: newton_cg(ROSEN_FG, rosen_hessp, x0, cfg), static_argnums=1)
 
 
 def _rosen_solve(x0):
@@ -439,7 +442,7 @@ def test_newton_cg_quadratic_matches_solve_and_scipy():
     # an Armijo line search cannot resolve energy decreases below ~eps*|f|, which limits the
     # reachable gradient norm to ~1e-8 here (scipy stops with "precision loss" at the same point)
     cfg = NewtonCGConfig(xtol=None, gtol=1e-7, maxiter=100)
-    res = cfg.minimize(fg, hp, jnp.zeros(N))
+    res = newton_cg(fg, hp, jnp.zeros(N), cfg)
     exact = np.linalg.solve(A0, B0)
     assert bool(res.converged), status_message(res.status)
     # |x - x*| <= |g| / lambda_min with lambda_min = 1
@@ -463,7 +466,7 @@ def test_newton_cg_quadratic_matches_solve_and_scipy():
 def test_newton_cg_exact_inner_solve_converges_in_one_step():
     fg, hp = quadratic(A0, B0)
     cfg = NewtonCGConfig(xtol=None, gtol=1e-9, cg=CGConfig(tol=1e-14, maxiter=100))
-    res = cfg.minimize(fg, hp, jnp.asarray(np.ones(N)))
+    res = newton_cg(fg, hp, jnp.asarray(np.ones(N)), cfg)
     assert int(res.nit) == 1 and bool(res.converged)
     np.testing.assert_allclose(res.x, np.linalg.solve(A0, B0), atol=1e-11)
     assert int(res.nfev) == 2  # x0 and the full Newton step (accepted without backtracking)
@@ -484,7 +487,7 @@ def test_newton_cg_rosenbrock_matches_scipy(start):
 @pytest.mark.slow
 def test_newton_cg_vmap_over_starting_points():
     x0s = jnp.asarray(np.stack(ROSEN_STARTS))
-    batched = jax.jit(jax.vmap(lambda x0: ROSEN_CFG.minimize(ROSEN_FG, rosen_hessp, x0)))(x0s)
+    batched = jax.jit(jax.vmap(lambda x0: newton_cg(ROSEN_FG, rosen_hessp, x0, ROSEN_CFG)))(x0s)
     assert batched.x.shape == x0s.shape and batched.nit.shape == (len(ROSEN_STARTS),)
     nits = set()
     for i, x0 in enumerate(x0s):
@@ -561,10 +564,10 @@ def test_newton_cg_gtol():
 def test_newton_cg_miniter_and_maxiter():
     fg, hp = quadratic(A0, B0)
     x0 = jnp.zeros(N)
-    quick = NewtonCGConfig(xtol=None, gtol=1e-3).minimize(fg, hp, x0)
+    quick = newton_cg(fg, hp, x0, NewtonCGConfig(xtol=None, gtol=1e-3))
     k = int(quick.nit)
     assert bool(quick.converged) and k >= 1
-    forced = NewtonCGConfig(xtol=None, gtol=1e-3, miniter=k + 3, maxiter=k + 10).minimize(fg, hp, x0)
+    forced = newton_cg(fg, hp, x0, NewtonCGConfig(xtol=None, gtol=1e-3, miniter=k + 3, maxiter=k + 10))
     assert int(forced.nit) == k + 3 and bool(forced.converged)
     assert float(forced.fun) <= float(quick.fun)
     capped = newton_rosen(jnp.asarray(ROSEN_STARTS[1]), NewtonCGConfig(maxiter=2))
@@ -579,7 +582,7 @@ def test_newton_cg_nonfinite_start():
         return f, 1.0 / x
 
     x0 = jnp.array([1.0, -1.0, 2.0])
-    res = NewtonCGConfig().minimize(fg, lambda x, v: v / x**2, x0)
+    res = newton_cg(fg, lambda x, v: v / x**2, x0, NewtonCGConfig())
     assert int(res.status) == Status.NONFINITE and int(res.nit) == 0
     assert not bool(res.converged)
     np.testing.assert_array_equal(res.x, x0)
@@ -592,7 +595,7 @@ def test_newton_cg_line_search_keeps_finite_domain():
     def fg(x):
         return jnp.sum(x - jnp.log(x)), 1.0 - 1.0 / x
 
-    res = NewtonCGConfig(gtol=1e-10, xtol=None).minimize(fg, lambda x, v: v / x**2, jnp.array([3.0, 0.2]))
+    res = newton_cg(fg, lambda x, v: v / x**2, jnp.array([3.0, 0.2]), NewtonCGConfig(gtol=1e-10, xtol=None))
     assert bool(res.converged), status_message(res.status)
     np.testing.assert_allclose(res.x, [1.0, 1.0], atol=1e-8)
     assert int(res.nfev) > int(res.nit) + 1  # some backtracking happened
@@ -604,7 +607,7 @@ def test_newton_cg_line_search_failure_keeps_last_point():
         return 0.5 * jnp.sum(x**2), -x
 
     x0 = jnp.array([1.0, -2.0, 0.5])
-    res = NewtonCGConfig(max_line_search_steps=12).minimize(fg, lambda x, v: v, x0)
+    res = newton_cg(fg, lambda x, v: v, x0, NewtonCGConfig(max_line_search_steps=12))
     assert int(res.status) == Status.LINE_SEARCH_FAILED and int(res.nit) == 1
     assert not bool(res.converged)
     np.testing.assert_array_equal(res.x, x0)
@@ -628,13 +631,13 @@ def test_newton_cg_indefinite_hessian_falls_back_to_gradient_steps():
     g0 = jax.grad(f)(x0)
     h = jax.hessian(f)(x0)
     assert float(g0 @ h @ g0) < 0  # CG's very first direction has negative curvature
-    one = NewtonCGConfig(maxiter=1).minimize(fg, hessp, x0)
+    one = newton_cg(fg, hessp, x0, NewtonCGConfig(maxiter=1))
     assert float(one.fun) < float(f(x0))
     step = np.asarray(one.x - x0)
     # a pure (backtracked) gradient step: parallel to -g
     cos = -step @ np.asarray(g0) / (np.linalg.norm(step) * np.linalg.norm(g0))
     np.testing.assert_allclose(cos, 1.0, atol=1e-12)
-    full = NewtonCGConfig(gtol=1e-10, xtol=None, maxiter=100).minimize(fg, hessp, x0)
+    full = newton_cg(fg, hessp, x0, NewtonCGConfig(gtol=1e-10, xtol=None, maxiter=100))
     assert bool(full.converged), status_message(full.status)
     np.testing.assert_allclose(full.x, [0.0, np.pi], atol=1e-8)
     np.testing.assert_allclose(float(full.fun), -1.0, atol=1e-14)
@@ -652,11 +655,17 @@ def test_newton_cg_pytree_and_float32():
 
     for dtype in (jnp.float64, jnp.float32):
         x0 = {"u": jnp.zeros(3, dtype), "v": jnp.zeros((2, 2), dtype)}
-        res = NewtonCGConfig(gtol=1e-5, xtol=None).minimize(fg, hp, x0)
+        res = newton_cg(fg, hp, x0, NewtonCGConfig(gtol=1e-5, xtol=None))
         assert bool(res.converged), status_message(res.status)
         assert res.x["u"].dtype == dtype and res.x["v"].dtype == dtype
         np.testing.assert_allclose(res.x["u"], 1.0, atol=1e-6)
         np.testing.assert_allclose(res.x["v"], -2.0, atol=1e-6)
+
+
+def test_newton_cg_config_type():
+    fg, hp = quadratic(A0, B0)
+    with pytest.raises(TypeError, match="NewtonCGConfig"):
+        newton_cg(fg, hp, jnp.zeros(N), CGConfig())
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -781,7 +790,7 @@ def _records(caplog):
 def test_log_iteration_cg(caplog):
     caplog.set_level(logging.INFO, logger="shardvi.minimizers")
     mv = matvec_of(A0)
-    res = jax.jit(lambda b: CGConfig(tol=1e-8, name="cg").solve(mv, b))(jnp.asarray(B0))
+    res = jax.jit(lambda b: conjugate_gradient(mv, b, config=CGConfig(tol=1e-8, name="cg")))(jnp.asarray(B0))
     recs = _records(caplog)
     assert len(recs) == int(res.nit) > 0
     msgs = [r.getMessage() for r in recs]
@@ -789,7 +798,7 @@ def test_log_iteration_cg(caplog):
     assert "nit=1 " in msgs[0] and f"nit={int(res.nit)} " in msgs[-1]
     assert all("resnorm=" in m and "energy=" in m for m in msgs)
     caplog.clear()
-    res = jax.jit(lambda b: CGConfig(tol=1e-8).solve(mv, b))(jnp.asarray(B0))
+    res = jax.jit(lambda b: conjugate_gradient(mv, b, config=CGConfig(tol=1e-8)))(jnp.asarray(B0))
     assert int(res.nit) > 0
     assert _records(caplog) == []
 
@@ -798,7 +807,7 @@ def test_log_iteration_cg(caplog):
 def test_log_iteration_newton_and_optax(caplog):
     caplog.set_level(logging.INFO, logger="shardvi.minimizers")
     fg, hp = quadratic(A0, B0)
-    res = NewtonCGConfig(gtol=1e-8, name="kl", cg=CGConfig(name="inner")).minimize(fg, hp, jnp.zeros(N))
+    res = newton_cg(fg, hp, jnp.zeros(N), NewtonCGConfig(gtol=1e-8, name="kl", cg=CGConfig(name="inner")))
     msgs = [r.getMessage() for r in _records(caplog)]
     outer = [m for m in msgs if m.startswith("kl: ")]
     inner = [m for m in msgs if m.startswith("inner: ")]
@@ -808,7 +817,7 @@ def test_log_iteration_newton_and_optax(caplog):
     msgs = [r.getMessage() for r in _records(caplog)]
     assert len(msgs) == 4 and all(m.startswith("opt: ") for m in msgs)
     caplog.clear()
-    NewtonCGConfig(gtol=1e-8).minimize(fg, hp, jnp.zeros(N))
+    newton_cg(fg, hp, jnp.zeros(N), NewtonCGConfig(gtol=1e-8))
     assert _records(caplog) == []
 
 
@@ -817,7 +826,7 @@ def test_log_iteration_under_vmap_logs_batched_values(caplog):
     caplog.set_level(logging.INFO, logger="shardvi.minimizers")
     mv = matvec_of(A0)
     bs = jnp.stack([jnp.asarray(B0), 2 * jnp.asarray(B0)])
-    jax.vmap(lambda b: CGConfig(maxiter=2, tol=1e-12, name="vcg").solve(mv, b))(bs)
+    jax.vmap(lambda b: conjugate_gradient(mv, b, config=CGConfig(maxiter=2, tol=1e-12, name="vcg")))(bs)
     msgs = [r.getMessage() for r in _records(caplog)]
     # one line per batch member and iteration; the members' values differ (rhs scaled by 2)
     assert len(msgs) == 4 and all(m.startswith("vcg: ") for m in msgs)
@@ -833,8 +842,8 @@ def test_newton_cg_hessp_at_gives_the_same_iterates():
     def hessp_at(x):
         return jax.linearize(jax.grad(rosen), x)[1]
 
-    a = jax.jit(lambda x: cfg.minimize(ROSEN_FG, rosen_hessp, x))(x0)
-    b = jax.jit(lambda x: cfg.minimize(ROSEN_FG, rosen_hessp, x, hessp_at=hessp_at))(x0)
+    a = jax.jit(lambda x: newton_cg(ROSEN_FG, rosen_hessp, x, cfg))(x0)
+    b = jax.jit(lambda x: newton_cg(ROSEN_FG, rosen_hessp, x, cfg, hessp_at=hessp_at))(x0)
     assert bool(b.converged), status_message(b.status)
     np.testing.assert_allclose(np.asarray(b.x), np.ones(5), atol=1e-8)
     assert int(a.nit) == int(b.nit) and int(a.ncg) == int(b.ncg)
@@ -885,11 +894,11 @@ def test_cg_warm_start_applies_the_operator_at_one_call_site():
         return a @ v
 
     x0 = jnp.asarray(np.random.default_rng(5).normal(size=N))
-    jax.make_jaxpr(lambda x: CGConfig(tol=1e-10).solve(matvec, b, x).x)(x0)
+    jax.make_jaxpr(lambda x: cg_solve(matvec, b, x, tol=1e-10).x)(x0)
     assert len(traced) == 1
     # and the warm-started solve is the one from zero on the shifted system, to rounding
-    res = jax.jit(lambda x: CGConfig(tol=None, resnorm=1e-10).solve(matvec, b, x))(x0)
-    shifted = jax.jit(lambda: CGConfig(tol=None, resnorm=1e-10).solve(matvec, b - a @ x0))()
+    res = jax.jit(lambda x: cg_solve(matvec, b, x, tol=None, resnorm=1e-10))(x0)
+    shifted = jax.jit(lambda: cg_solve(matvec, b - a @ x0, tol=None, resnorm=1e-10))()
     assert int(res.nit) == int(shifted.nit)
     np.testing.assert_allclose(res.x, x0 + shifted.x, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(res.x, np.linalg.solve(A0, B0), rtol=1e-9)

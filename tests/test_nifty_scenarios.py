@@ -64,8 +64,8 @@ import pytest
 import scipy.optimize as so
 
 import shardvi as sv
-from shardvi.minimizers import NewtonCGConfig, TrustRegionConfig
-from shardvi.minimizers.cg import _cg_solve
+from shardvi.minimizers import NewtonCGConfig, TrustRegionConfig, newton_cg
+from shardvi.minimizers.cg import cg_solve
 from shardvi.minimizers.trust_region import _steihaug
 from shardvi.parallel import JitSharding, Pmap, ShardMap, Vmap, place
 from shardvi.vi import VariableCovarianceStudentT
@@ -338,7 +338,7 @@ def _minimize_all(x0s):
 
     def one(x0, onehot):
         fg = jax.value_and_grad(lambda x: _family(x, onehot))
-        ncg = NewtonCGConfig(xtol=None, gtol=1e-10, maxiter=200).minimize(fg, _hessp(onehot), x0)
+        ncg = newton_cg(fg, _hessp(onehot), x0, NewtonCGConfig(xtol=None, gtol=1e-10, maxiter=200))
         tr = TrustRegionConfig(xtol=None, gtol=1e-10, maxiter=400).minimize(fg, _hessp(onehot), x0)
         return ncg, tr
 
@@ -383,7 +383,7 @@ def test_eggholder_reference_minimum_is_scipys():
 
 def test_steihaug_with_infinite_radius_is_cg():
     """CG-Steihaug with an infinite radius stopped after i iterations is plain CG after i iterations
-    (``CGConfig.solve`` with ``miniter = maxiter = i``), and both are the minimizer of ``g.p + p.A.p/2``
+    (``conjugate_gradient`` with ``miniter = maxiter = i``), and both are the minimizer of ``g.p + p.A.p/2``
     over the Krylov space ``K_i(A, g)``.
 
     Upstream (``test_cg_steihaug_vs_cg_consistency``, seeds 3637, 12, 42, sizes 5, 9, 14, i = 0..3): the
@@ -433,14 +433,14 @@ def _krylov_basis(a, g, k):
 def _steihaug_and_cg_steps(a, g, maxiters):
     """Per ``i`` in ``maxiters``: CG-Steihaug's step for ``g`` and CG's solution of ``A p = -g`` after ``i`` steps.
 
-    CG through ``_cg_solve``, the solver behind ``CGConfig.solve`` (``CGConfig(tol=None, miniter=i,
-    maxiter=i).solve(matvec, b)`` is ``_cg_solve`` with these arguments), whose iteration bounds may be
-    traced: one program for all ``i`` instead of one per ``CGConfig``.
+    CG through ``cg_solve``, the solver behind ``conjugate_gradient`` (``conjugate_gradient(matvec, b,
+    config=CGConfig(tol=None, miniter=i, maxiter=i))`` is ``cg_solve`` with these arguments), whose iteration
+    bounds may be traced: one program for all ``i`` instead of one per ``CGConfig``.
     """
 
     def one(a, g, i):
         step = _steihaug(lambda d: a @ d, g, jnp.inf, 0.0, i, None, jnp.float64).z
-        cg = _cg_solve(lambda v: a @ v, -g, tol=None, miniter=i, maxiter=i).x
+        cg = cg_solve(lambda v: a @ v, -g, tol=None, miniter=i, maxiter=i).x
         return step, cg
 
     per_problem = jax.vmap(one, in_axes=(None, None, 0))

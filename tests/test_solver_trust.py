@@ -18,7 +18,8 @@ import pytest
 import scipy.optimize as so
 
 import shardvi as sv
-from shardvi.minimizers import CGConfig, NewtonCGConfig, Status, status_message
+from shardvi.minimizers import CGConfig, NewtonCGConfig, Status, newton_cg, status_message
+from shardvi.minimizers.cg import cg_solve
 from shardvi.parallel.strategy import get_strategy
 from shardvi.vi.diagnostics import IterationReport
 from shardvi.vi.kl import kl_metric, kl_value_and_grad
@@ -104,8 +105,11 @@ def test_kl_minimization_with_default_config_reaches_the_tight_minimum():
     assert [r.sampling_status for r in state.history] == [[Status.CONVERGED] * 2] * 2
     strategy = get_strategy("vmap", "kl_map", None)
     res_ = smp.residuals
-    tight = NewtonCGConfig(xtol=1e-13, gtol=1e-11, maxiter=200, cg=CGConfig(tol=1e-12, maxiter=1000)).minimize(
-        lambda x: kl_value_and_grad(lh, x, res_, strategy), lambda x, t: kl_metric(lh, x, res_, t, strategy), smp.pos
+    tight = newton_cg(
+        lambda x: kl_value_and_grad(lh, x, res_, strategy),
+        lambda x, t: kl_metric(lh, x, res_, t, strategy),
+        smp.pos,
+        NewtonCGConfig(xtol=1e-13, gtol=1e-11, maxiter=200, cg=CGConfig(tol=1e-12, maxiter=1000)),
     )
     assert int(tight.status) == Status.CONVERGED
     # mean |x - x*| <= xtol bounds the largest entry by n * xtol
@@ -119,7 +123,7 @@ def rosen(x):
 
 ROSEN_FG = jax.value_and_grad(rosen)
 newton_rosen = jax.jit(
-    lambda x0, cfg: cfg.minimize(ROSEN_FG, lambda x, v: jax.jvp(jax.grad(rosen), (x,), (v,))[1], x0), static_argnums=1
+    lambda x0, cfg: newton_cg(ROSEN_FG, lambda x, v: jax.jvp(jax.grad(rosen), (x,), (v,))[1], x0, cfg), static_argnums=1
 )
 
 
@@ -176,7 +180,7 @@ def test_newton_cg_default_config_float32_pytree_quadratic():
             ax = a @ x
             return 0.5 * x @ ax - b @ x, unflat(ax - b)
 
-        return NewtonCGConfig().minimize(fg, lambda p, t: unflat(a @ flat(t)), unflat(jnp.zeros(n, jnp.float32)))
+        return newton_cg(fg, lambda p, t: unflat(a @ flat(t)), unflat(jnp.zeros(n, jnp.float32)))
 
     for seed in range(5):
         a, b = spd(seed, n), np.random.default_rng(100 + seed).normal(size=n)
@@ -201,13 +205,13 @@ def test_newton_step_cut_short_by_the_inner_cg_is_not_convergence():
 
     x0 = jnp.array([1e-9, 1e-3])
     cfg = NewtonCGConfig(maxiter=5, cg=CGConfig(tol=0.5, maxiter=1))
-    res = cfg.minimize(fg, lambda x, v: h * v, x0)
+    res = newton_cg(fg, lambda x, v: h * v, x0, cfg)
     assert int(res.status) == Status.MAX_ITERATIONS, status_message(res.status)  # old: CONVERGED at nit 1
     # with the curvature floor of a metric (H >= I), the unsolved CG residual bounds the Newton step: same answer
-    floor = cfg.minimize(fg, lambda x, v: h * v, x0, min_curvature=1.0)
+    floor = newton_cg(fg, lambda x, v: h * v, x0, cfg, min_curvature=1.0)
     assert int(floor.status) == Status.MAX_ITERATIONS
     # a converged inner solve finds it
-    ok = NewtonCGConfig().minimize(fg, lambda x, v: h * v, x0)
+    ok = newton_cg(fg, lambda x, v: h * v, x0, NewtonCGConfig())
     assert int(ok.status) == Status.CONVERGED and float(jnp.max(jnp.abs(ok.x))) <= 1e-8
 
 
@@ -220,7 +224,7 @@ def test_newton_cg_energy_rule_is_opt_in_and_never_convergence():
         return 0.5 * jnp.sum(h * (x - 1) ** 2), h * (x - 1)
 
     for erf in (None, 0.1):
-        res = NewtonCGConfig(energy_reduction_factor=erf).minimize(fg, lambda x, v: h * v, jnp.zeros(20))
+        res = newton_cg(fg, lambda x, v: h * v, jnp.zeros(20), NewtonCGConfig(energy_reduction_factor=erf))
         if int(res.status) == Status.CONVERGED:
             assert float(jnp.max(jnp.abs(res.x - 1))) <= 20 * 1e-8, erf
     assert NewtonCGConfig().energy_reduction_factor is None
@@ -232,7 +236,7 @@ def test_newton_cg_energy_rule_is_opt_in_and_never_convergence():
 def test_cg_curvature_at_rounding_level_is_nonpositive():
     """``d.A.d = 1e-20`` with ``|d| = |A d| = 1``: rounding noise, not curvature (old: a 1e20 step)."""
     a = jnp.array([[1e-20, 1.0], [1.0, 0.0]])
-    res = CGConfig().solve(lambda v: a @ v, jnp.array([1.0, 0.0]))
+    res = sv.minimizers.conjugate_gradient(lambda v: a @ v, jnp.array([1.0, 0.0]))
     assert int(res.status) == Status.NONPOSITIVE_CURVATURE and int(res.nit) == 1
     np.testing.assert_array_equal(np.asarray(res.x), [0.0, 0.0])
 
@@ -244,13 +248,13 @@ def test_cg_min_curvature_floor():
     b = jnp.asarray(rng.normal(size=6))
     broken = jnp.asarray(np.eye(6) - j.T @ j)  # I + J^T F J with F = -I: still PD here
     assert np.all(np.linalg.eigvalsh(np.asarray(broken)) > 0)
-    plain = CGConfig(tol=1e-12, maxiter=100).solve(lambda v: broken @ v, b)
+    plain = cg_solve(lambda v: broken @ v, b, tol=1e-12, maxiter=100)
     assert int(plain.status) == Status.CONVERGED  # positive definite: plain CG cannot tell
-    floor = CGConfig(tol=1e-12, maxiter=100).solve(lambda v: broken @ v, b, min_curvature=1.0)
+    floor = cg_solve(lambda v: broken @ v, b, tol=1e-12, maxiter=100, min_curvature=1.0)
     assert int(floor.status) == Status.NONPOSITIVE_CURVATURE and int(floor.nit) == 1
     good = jnp.asarray(np.eye(6) + j.T @ j)
-    ref = CGConfig(tol=1e-12, maxiter=100).solve(lambda v: good @ v, b)
-    checked = CGConfig(tol=1e-12, maxiter=100).solve(lambda v: good @ v, b, min_curvature=1.0)
+    ref = cg_solve(lambda v: good @ v, b, tol=1e-12, maxiter=100)
+    checked = cg_solve(lambda v: good @ v, b, tol=1e-12, maxiter=100, min_curvature=1.0)
     assert int(checked.status) == Status.CONVERGED and int(checked.nit) == int(ref.nit)
     np.testing.assert_array_equal(np.asarray(checked.x), np.asarray(ref.x))
 
@@ -262,7 +266,7 @@ def test_newton_cg_metric_with_nonpositive_curvature_stops():
         return 0.5 * jnp.sum(x**2), x
 
     x0 = jnp.array([1.0, -2.0, 0.5])
-    res = NewtonCGConfig().minimize(fg, lambda x, v: -v, x0, min_curvature=1.0)
+    res = newton_cg(fg, lambda x, v: -v, x0, NewtonCGConfig(), min_curvature=1.0)
     assert int(res.status) == Status.NONPOSITIVE_CURVATURE and int(res.nit) == 1
     np.testing.assert_array_equal(np.asarray(res.x), np.asarray(x0))
     assert int(res.nfev) == 2 and "curvature" in status_message(res.status)
@@ -275,7 +279,7 @@ def test_newton_cg_gradient_fallback_to_maxiter_reports_nonpositive_curvature():
     def fg(x):
         return 0.5 * jnp.sum(a * (x - 1) ** 2), a * (x - 1)
 
-    res = NewtonCGConfig(maxiter=20).minimize(fg, lambda x, v: -v, jnp.zeros(2))
+    res = newton_cg(fg, lambda x, v: -v, jnp.zeros(2), NewtonCGConfig(maxiter=20))
     assert int(res.status) == Status.NONPOSITIVE_CURVATURE, status_message(res.status)
     assert float(res.fun) < float(fg(jnp.zeros(2))[0])  # the gradient steps still went downhill
 

@@ -1,14 +1,16 @@
 """Jittable solvers: conjugate gradient, Newton-CG (line search or trust region), optax adapter; the
 :class:`Minimizer` base and result types.
 
-Each solver is its configuration: a frozen, validated ``...Config`` whose method runs it
-(``CGConfig(...).solve(matvec, b)``, ``NewtonCGConfig(...).minimize(fun_and_grad, hessp, x0)``).
-The minimizers' ``minimize`` is the :class:`Minimizer` interface that ``optimize_kl`` calls.
+One entry point per solver: :func:`conjugate_gradient` and :func:`newton_cg` (NIFTy.re's names, the
+package's stable functions) take a frozen, validated ``...Config``; a minimizer's configuration is a
+:class:`Minimizer`, whose ``minimize`` is the interface ``optimize_kl`` calls for any minimizer, built-in or
+user-defined (``TrustRegionConfig`` and ``OptaxConfig`` run through it alone; ``NewtonCGConfig.minimize`` is
+:func:`newton_cg` with that configuration).
 """
 
-from .cg import CGConfig
+from .cg import CGConfig, conjugate_gradient
 from .minimizer import Minimizer, check_minimizer
-from .newton_cg import NewtonCGConfig
+from .newton_cg import NewtonCGConfig, newton_cg
 from .optax_adapter import OptaxConfig
 from .solution import CGResult, Solution, SolverError
 from .status import Status, status_message
@@ -25,5 +27,7 @@ __all__ = [
     "Status",
     "TrustRegionConfig",
     "check_minimizer",
+    "conjugate_gradient",
+    "newton_cg",
     "status_message",
 ]

@@ -15,14 +15,14 @@ from .progress import log_iteration
 from .solution import CGResult
 from .status import Status
 
-__all__ = ["CGConfig", "CGResult"]
+__all__ = ["CGConfig", "CGResult", "cg_solve", "conjugate_gradient"]
 
 _OFF = -1.0  # a disabled tolerance: "|x| <= -1" never holds
 
 
 @dataclasses.dataclass(frozen=True)
 class CGConfig:
-    """Conjugate gradient for ``A x = b``: its stopping rules, and the solver (:meth:`solve`).
+    """Stopping rules of the conjugate gradient solver.
 
     CG stops, after at least ``miniter`` iterations, as soon as any enabled
     criterion holds; it gives up after ``maxiter`` iterations.
@@ -56,50 +56,6 @@ class CGConfig:
         check_iters("CGConfig", self.miniter, self.maxiter)
         check_name("CGConfig", self.name)
 
-    def solve(self, matvec: Callable, b, x0=None, *, min_curvature: float | None = None) -> CGResult:
-        """Solve ``A x = b`` for a symmetric positive definite, matrix-free ``A``.
-
-        Parameters
-        ----------
-        matvec : callable
-            ``v -> A v`` on pytrees shaped like ``b``.
-        b : pytree
-            Right-hand side.
-        x0 : pytree, optional
-            Starting point (zeros by default).
-        min_curvature : float, optional
-            A known lower bound ``c`` with ``d.A.d >= c |d|^2`` (``1`` for a metric
-            ``J^T F J + I``): a direction violating it beyond rounding stops the
-            solve with ``NONPOSITIVE_CURVATURE``.
-
-        Returns
-        -------
-        CGResult
-            With ``.x``, ``.nit``, ``.converged`` and a ``.status`` code. A
-            direction with ``d.A.d <= eps |d| |A d|`` (non-positive up to rounding)
-            stops the solver with status ``NONPOSITIVE_CURVATURE`` and the last
-            iterate; a nan curvature gives ``NONFINITE``.
-
-        Notes
-        -----
-        Pure and jittable; under ``vmap`` every batch member keeps its own
-        iteration count and status.
-        """
-        if not callable(matvec):
-            raise TypeError(f"matvec must be callable, got {type(matvec).__name__}")
-        return _cg_solve(
-            matvec,
-            b,
-            x0,
-            tol=self.tol,
-            resnorm=self.resnorm,
-            absdelta=self.absdelta,
-            miniter=self.miniter,
-            maxiter=self.maxiter,
-            name=self.name,
-            min_curvature=min_curvature,
-        )
-
 
 class _State(NamedTuple):
     x: object
@@ -116,7 +72,7 @@ def _tol(v):
     return _OFF if v is None else v
 
 
-def _cg_solve(
+def cg_solve(
     matvec: Callable,
     b,
     x0=None,
@@ -132,7 +88,7 @@ def _cg_solve(
 ) -> CGResult:
     """CG with tolerances that may be traced values (used by Newton-CG).
 
-    Same semantics as :meth:`CGConfig.solve`; ``None`` disables a criterion.
+    Same semantics as :func:`conjugate_gradient`; ``None`` disables a criterion.
 
     Parameters
     ----------
@@ -216,3 +172,54 @@ def _cg_solve(
 
     s = jax.lax.while_loop(cond, body, state)
     return CGResult(s.x, s.nit, s.status, jnp.sqrt(s.gamma), s.energy)
+
+
+def conjugate_gradient(
+    matvec: Callable, b, x0=None, config: CGConfig = CGConfig(), *, min_curvature: float | None = None
+) -> CGResult:
+    """Solve ``A x = b`` for a symmetric positive definite, matrix-free ``A``.
+
+    Parameters
+    ----------
+    matvec : callable
+        ``v -> A v`` on pytrees shaped like ``b``.
+    b : pytree
+        Right-hand side.
+    x0 : pytree, optional
+        Starting point (zeros by default).
+    config : CGConfig
+        Stopping rules.
+    min_curvature : float, optional
+        A known lower bound ``c`` with ``d.A.d >= c |d|^2`` (``1`` for a metric
+        ``J^T F J + I``): a direction violating it beyond rounding stops the
+        solve with ``NONPOSITIVE_CURVATURE`` (see :func:`cg_solve`).
+
+    Returns
+    -------
+    CGResult
+        With ``.x``, ``.nit``, ``.converged`` and a ``.status`` code. A
+        direction with ``d.A.d <= eps |d| |A d|`` (non-positive up to rounding)
+        stops the solver with status ``NONPOSITIVE_CURVATURE`` and the last
+        iterate; a nan curvature gives ``NONFINITE``.
+
+    Notes
+    -----
+    Pure and jittable; under ``vmap`` every batch member keeps its own
+    iteration count and status.
+    """
+    if not isinstance(config, CGConfig):
+        raise TypeError(f"config must be a CGConfig, got {type(config).__name__}")
+    if not callable(matvec):
+        raise TypeError(f"matvec must be callable, got {type(matvec).__name__}")
+    return cg_solve(
+        matvec,
+        b,
+        x0,
+        tol=config.tol,
+        resnorm=config.resnorm,
+        absdelta=config.absdelta,
+        miniter=config.miniter,
+        maxiter=config.maxiter,
+        name=config.name,
+        min_curvature=min_curvature,
+    )

@@ -11,13 +11,13 @@ import jax.numpy as jnp
 
 from .. import tree_math as tm
 from ._validate import check_iters, check_name, check_tol
-from .cg import CGConfig, _cg_solve
+from .cg import CGConfig, cg_solve
 from .minimizer import Minimizer
 from .progress import log_iteration
 from .solution import Solution
 from .status import Status
 
-__all__ = ["NewtonCGConfig"]
+__all__ = ["NewtonCGConfig", "newton_cg"]
 
 _ARMIJO_C1 = 1e-4
 _ENERGY_RULE_MINITER = 6  # the inner CG's energy rule counts from this iteration on (NIFTy's CG miniter)
@@ -26,11 +26,10 @@ _F_ROUNDING = 100.0  # energy changes below this many eps * |f| are taken as rou
 
 @dataclasses.dataclass(frozen=True)
 class NewtonCGConfig(Minimizer):
-    """Newton-CG with a backtracking line search: its stopping rules, and the solver (:meth:`minimize`).
+    """Newton-CG as a :class:`~shardvi.minimizers.Minimizer`: its stopping rules.
 
-    ``NewtonCGConfig(maxiter=20).minimize(fun_and_grad, hessp, x0)`` runs it;
-    ``optimize_kl`` calls the same method on its ``kl_minimization`` and
-    ``nonlinear_update`` configurations.
+    ``NewtonCGConfig(...).minimize(fun_and_grad, hessp, x0, min_curvature=c)``
+    is ``newton_cg(fun_and_grad, hessp, x0, config, min_curvature=c)``.
 
     Parameters
     ----------
@@ -41,7 +40,7 @@ class NewtonCGConfig(Minimizer):
         Stop when the mean absolute entry of the Newton step, ``|dx|_1 / n``,
         is at most ``xtol`` (scipy's ``xtol`` for ``method='Newton-CG'``). Only
         a Newton step counts, not a gradient step or one cut short by the
-        inner CG or by backtracking (see :meth:`minimize`).
+        inner CG or by backtracking (see :func:`~shardvi.minimizers.newton_cg`).
     gtol : float or None
         Stop when the gradient norm is at most ``gtol``.
     miniter, maxiter : int
@@ -90,80 +89,9 @@ class NewtonCGConfig(Minimizer):
             )
         check_name("NewtonCGConfig", self.name)
 
-    def minimize(
-        self,
-        fun_and_grad: Callable,
-        hessp: Callable,
-        x0,
-        *,
-        min_curvature: float | None = None,
-        hessp_at: Callable | None = None,
-        xtol_curvature: float | None = None,
-    ) -> Solution:
-        """Minimize a smooth function with truncated Newton steps.
-
-        Parameters
-        ----------
-        fun_and_grad : callable
-            ``x -> (f(x), grad f(x))``.
-        hessp : callable
-            ``(x, v) -> H(x) v`` with ``H`` symmetric positive (semi-)definite, e.g.
-            the Hessian or a Gauss-Newton / Fisher metric.
-        x0 : pytree
-            Starting point.
-        hessp_at : callable, optional
-            ``x -> (v -> H(x) v)``, the same operator with the work that depends on
-            ``x`` alone done once per Newton step (e.g. a linearization) instead of
-            in every inner CG iteration; used for the CG solves when given.
-        min_curvature : float, optional
-            Declares ``H`` positive (semi-)definite by construction, a metric with
-            ``d.H.d >= min_curvature |d|^2`` (``1`` for ``J^T F J + I``, ``0`` for
-            a Gauss-Newton ``J^T J``). The inner CG checks it along every direction;
-            a violation (beyond rounding) stops the minimizer at the current point
-            with status ``NONPOSITIVE_CURVATURE``: the operator is broken. Without
-            it (a true, possibly indefinite Hessian) non-positive curvature on the
-            first CG direction falls back to a gradient step, and a run that ends
-            at ``maxiter`` after such a step reports ``NONPOSITIVE_CURVATURE``.
-        xtol_curvature : float, optional
-            A lower bound (or an estimate) ``c`` of the smallest eigenvalue of
-            ``H``, used to bound what the inner CG left unsolved (default:
-            ``min_curvature`` where that is positive); see Notes.
-
-        Returns
-        -------
-        Solution
-
-        Notes
-        -----
-        Each iteration solves ``H p = -g`` by CG to the relative residual
-        ``min(cg.tol, 0.5, sqrt(|g|))`` (Eisenstat-Walker), falls back to ``-g``
-        when ``p`` is no descent direction, and halves the step until the Armijo
-        condition holds (or, where the energy change is within ``100 eps |f|``,
-        its derivative form ``g(x + p).p <= (1 - 2 c1) g.p``, exact for quadratics:
-        Hager and Zhang's approximate Armijo condition).
-
-        Convergence is judged on the full Newton step ``p* = p + H^-1 r`` (``r``
-        the inner CG residual), never on the step taken: a step made small by an
-        inner solve cut short, by the gradient fallback or by backtracking says
-        nothing about the distance to the minimum. With ``xtol_curvature = c``,
-        ``xtol`` tests the bound ``|p|_1 + sqrt(n) |r| / c`` and ``absdelta`` the
-        decrease plus the model decrease left unsolved, ``|r|^2 / 2c``; without
-        it both count only when the inner CG met its residual tolerance (and
-        ``absdelta`` only for a step taken without backtracking). A Newton step
-        that changes ``f`` by rounding noise only and does not reduce ``|g|``
-        ends the run as converged (the precision floor, e.g. float32 with an
-        ``xtol`` below it), and so does an exactly zero gradient.
-        Pure and jittable; vmappable.
-        """
-        return _newton_cg(
-            fun_and_grad,
-            hessp,
-            x0,
-            self,
-            hessp_at=hessp_at,
-            min_curvature=min_curvature,
-            xtol_curvature=xtol_curvature,
-        )
+    def minimize(self, fun_and_grad: Callable, hessp: Callable, x0, *, min_curvature: float | None = None) -> Solution:
+        """:func:`newton_cg` with this configuration (see :meth:`Minimizer.minimize`)."""
+        return newton_cg(fun_and_grad, hessp, x0, self, min_curvature=min_curvature)
 
 
 class _State(NamedTuple):
@@ -178,19 +106,77 @@ class _State(NamedTuple):
     fresh: jax.Array  # f and g not evaluated yet (the first pass of the loop evaluates them at x0)
 
 
-def _newton_cg(
+def newton_cg(
     fun_and_grad: Callable,
     hessp: Callable,
     x0,
-    config: NewtonCGConfig,
+    config: NewtonCGConfig = NewtonCGConfig(),
     *,
-    hessp_at: Callable | None,
-    min_curvature: float | None,
-    xtol_curvature: float | None,
+    hessp_at: Callable | None = None,
+    min_curvature: float | None = None,
+    xtol_curvature: float | None = None,
 ) -> Solution:
-    """The algorithm of :meth:`NewtonCGConfig.minimize`."""
-    check_tol("NewtonCGConfig.minimize", "min_curvature", min_curvature)
-    check_tol("NewtonCGConfig.minimize", "xtol_curvature", xtol_curvature)
+    """Minimize a smooth function with truncated Newton steps.
+
+    Parameters
+    ----------
+    fun_and_grad : callable
+        ``x -> (f(x), grad f(x))``.
+    hessp : callable
+        ``(x, v) -> H(x) v`` with ``H`` symmetric positive (semi-)definite, e.g.
+        the Hessian or a Gauss-Newton / Fisher metric.
+    x0 : pytree
+        Starting point.
+    config : NewtonCGConfig
+        Stopping rules and inner CG settings.
+    hessp_at : callable, optional
+        ``x -> (v -> H(x) v)``, the same operator with the work that depends on
+        ``x`` alone done once per Newton step (e.g. a linearization) instead of
+        in every inner CG iteration; used for the CG solves when given.
+    min_curvature : float, optional
+        Declares ``H`` positive (semi-)definite by construction, a metric with
+        ``d.H.d >= min_curvature |d|^2`` (``1`` for ``J^T F J + I``, ``0`` for
+        a Gauss-Newton ``J^T J``). The inner CG checks it along every direction;
+        a violation (beyond rounding) stops the minimizer at the current point
+        with status ``NONPOSITIVE_CURVATURE``: the operator is broken. Without
+        it (a true, possibly indefinite Hessian) non-positive curvature on the
+        first CG direction falls back to a gradient step, and a run that ends
+        at ``maxiter`` after such a step reports ``NONPOSITIVE_CURVATURE``.
+    xtol_curvature : float, optional
+        A lower bound (or an estimate) ``c`` of the smallest eigenvalue of
+        ``H``, used to bound what the inner CG left unsolved (default:
+        ``min_curvature`` where that is positive); see Notes.
+
+    Returns
+    -------
+    Solution
+
+    Notes
+    -----
+    Each iteration solves ``H p = -g`` by CG to the relative residual
+    ``min(cg.tol, 0.5, sqrt(|g|))`` (Eisenstat-Walker), falls back to ``-g``
+    when ``p`` is no descent direction, and halves the step until the Armijo
+    condition holds (or, where the energy change is within ``100 eps |f|``,
+    its derivative form ``g(x + p).p <= (1 - 2 c1) g.p``, exact for quadratics:
+    Hager and Zhang's approximate Armijo condition).
+
+    Convergence is judged on the full Newton step ``p* = p + H^-1 r`` (``r``
+    the inner CG residual), never on the step taken: a step made small by an
+    inner solve cut short, by the gradient fallback or by backtracking says
+    nothing about the distance to the minimum. With ``xtol_curvature = c``,
+    ``xtol`` tests the bound ``|p|_1 + sqrt(n) |r| / c`` and ``absdelta`` the
+    decrease plus the model decrease left unsolved, ``|r|^2 / 2c``; without
+    it both count only when the inner CG met its residual tolerance (and
+    ``absdelta`` only for a step taken without backtracking). A Newton step
+    that changes ``f`` by rounding noise only and does not reduce ``|g|``
+    ends the run as converged (the precision floor, e.g. float32 with an
+    ``xtol`` below it), and so does an exactly zero gradient.
+    Pure and jittable; vmappable.
+    """
+    if not isinstance(config, NewtonCGConfig):
+        raise TypeError(f"config must be a NewtonCGConfig, got {type(config).__name__}")
+    check_tol("newton_cg", "min_curvature", min_curvature)
+    check_tol("newton_cg", "xtol_curvature", xtol_curvature)
     cgc = config.cg
     if xtol_curvature is None and min_curvature is not None and min_curvature > 0:
         xtol_curvature = min_curvature
@@ -241,7 +227,7 @@ def _newton_cg(
         if cgc.absdelta is not None:
             inner_absdelta = jnp.maximum(inner_absdelta, cgc.absdelta)
         op = hessp_at(s.x) if hessp_at is not None else (lambda v: hessp(s.x, v))
-        res = _cg_solve(
+        res = cg_solve(
             op,
             tm.scale(-1.0, s.g),
             tol=rtol,
@@ -256,7 +242,7 @@ def _newton_cg(
         p = res.x
         slope = tm.vdot(s.g, p)
         descent = (slope < 0) & tm.all_finite(p)
-        # a Newton step to trust: the inner CG met its residual tolerance (the same test as inside _cg_solve)
+        # a Newton step to trust: the inner CG met its residual tolerance (the same test as inside cg_solve)
         inner_solved = (res.status == Status.CONVERGED) & ((res.resnorm <= rtol * gnorm) | (res.resnorm <= cg_resnorm))
         newton = descent & inner_solved
         # non-positive curvature of a declared metric: a broken operator, stop here

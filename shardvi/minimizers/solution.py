@@ -116,7 +116,7 @@ _THROW_DOC = """Raise :class:`SolverError` unless the solve converged; return ``
         Returns
         -------
         self
-            So that ``x = config.minimize(...).throw().x`` reads naturally.
+            So that ``x = newton_cg(...).throw().x`` reads naturally.
 
         Raises
         ------
@@ -129,8 +129,8 @@ _THROW_DOC = """Raise :class:`SolverError` unless the solve converged; return ``
 
 
 class Solution(NamedTuple):
-    """Result of a minimizer's :meth:`~shardvi.minimizers.Minimizer.minimize` (Newton-CG, trust region,
-    optax or any :class:`~shardvi.minimizers.Minimizer`).
+    """Result of a minimizer (:func:`~shardvi.minimizers.newton_cg` or the ``minimize`` of any
+    :class:`~shardvi.minimizers.Minimizer`).
 
     Attributes
     ----------
@@ -181,7 +181,7 @@ class Solution(NamedTuple):
 
 
 class CGResult(NamedTuple):
-    """Result of :meth:`~shardvi.minimizers.CGConfig.solve` (a linear solve ``A x = b``).
+    """Result of :func:`~shardvi.minimizers.conjugate_gradient` (a linear solve ``A x = b``).
 
     Attributes
     ----------

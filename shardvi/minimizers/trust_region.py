@@ -146,11 +146,11 @@ class TrustRegionConfig(Minimizer):
         where both decreases are below the rounding of ``f`` (``100 eps |f|``),
         the actual one is taken from the gradients, ``-p.(g(x) + g(x + p))/2``
         (the trapezoid rule, exact for quadratics; the idea of Hager and Zhang's
-        approximate Armijo condition in :meth:`~shardvi.minimizers.NewtonCGConfig.minimize`),
+        approximate Armijo condition in :func:`~shardvi.minimizers.newton_cg`),
         so that the last steps to a minimum with ``|f| >> 0`` are not rejected
         for rounding noise.
 
-        Stopping rules as :meth:`NewtonCGConfig.minimize <shardvi.minimizers.NewtonCGConfig.minimize>`'s: ``gtol`` on
+        Stopping rules as :func:`~shardvi.minimizers.newton_cg`'s: ``gtol`` on
         the gradient at the current point; ``xtol`` and ``absdelta`` on Newton
         steps only; a Newton step that changes ``f`` by rounding noise only
         (``100 eps |f|``), as the model predicts, and does not reduce ``|g|`` is
@@ -192,7 +192,7 @@ def _steihaug(op: Callable, g, radius, tol, maxiter: int, min_curvature, real) -
         q = op(c.d)
         curv = tm.vdot(c.d, q)
         dd = tm.vdot(c.d, c.d)
-        scale = jnp.sqrt(dd) * tm.norm(q)  # curvature below eps |d| |Hd| is rounding noise (as in _cg_solve)
+        scale = jnp.sqrt(dd) * tm.norm(q)  # curvature below eps |d| |Hd| is rounding noise (as in cg_solve)
         positive = curv > eps * scale  # False for a nan curvature
         if min_curvature is not None:
             positive = positive & (curv >= min_curvature * dd - jnp.sqrt(eps) * scale)

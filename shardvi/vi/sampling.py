@@ -10,8 +10,8 @@ import numpy as np
 from jax import tree_util as jtu
 
 from .. import tree_math as tm
-from ..minimizers.cg import CGConfig, CGResult
-from ..minimizers.newton_cg import NewtonCGConfig
+from ..minimizers.cg import CGConfig, CGResult, conjugate_gradient
+from ..minimizers.newton_cg import NewtonCGConfig, newton_cg
 from ..minimizers.solution import Solution
 from ..models.model import check_latent
 from .likelihood import Likelihood
@@ -111,7 +111,7 @@ def draw_linear_residual(
     metric = lambda v: tm.add(lh_metric(v), v)  # noqa: E731 -- the Hamiltonian's metric M = J^T F J + I
     # M = J^T F J + I >= I: a direction with d.M.d < |d|^2 (beyond rounding) means a broken likelihood metric
     # (e.g. a noise covariance that is not positive definite); CG stops there with NONPOSITIVE_CURVATURE
-    res = config.solve(lambda v: project(keep, metric(project(keep, v))), y, e2, min_curvature=1.0)
+    res = conjugate_gradient(lambda v: project(keep, metric(project(keep, v))), y, e2, config, min_curvature=1.0)
     return res.x, res
 
 
@@ -172,7 +172,7 @@ def nonlinearly_update_residual(
     # J_g^T J_g is positive semi-definite by construction (min_curvature=0: no gradient fallback); at r = 0 it is
     # Mbar^2 >= I, the curvature floor that bounds what an inner CG stopped early leaves of the Newton step
     def solve(start):
-        return config.minimize(fun_and_grad, hessp, start, hessp_at=hessp_at, min_curvature=0.0, xtol_curvature=1.0)
+        return newton_cg(fun_and_grad, hessp, start, config, hessp_at=hessp_at, min_curvature=0.0, xtol_curvature=1.0)
 
     res = _from_residual_else_zero(solve, project(keep, residual), y, keep)
     return res.x, res

@@ -28,7 +28,7 @@ import numpy as np
 from jax import tree_util as jtu
 
 from .. import tree_math as tm
-from ..minimizers.cg import CGConfig
+from ..minimizers.cg import CGConfig, conjugate_gradient
 from ..minimizers.status import Status, status_message
 from ..models.model import check_latent
 from ..parallel.memory import check_memory
@@ -146,7 +146,7 @@ def _whitened(lh: AmendedLikelihood, pos):
 
 def _data_space_solver(a_op, a_adj, config):
     """``w -> (I + A A^T)^{-1} w`` by CG (its CGResult)."""
-    return lambda w: config.solve(lambda v: tm.add(v, a_op(a_adj(v))), w, None, min_curvature=1.0)
+    return lambda w: conjugate_gradient(lambda v: tm.add(v, a_op(a_adj(v))), w, None, config, min_curvature=1.0)
 
 
 def _mean_signal(lh, pos, config, strategy):
@@ -154,7 +154,7 @@ def _mean_signal(lh, pos, config, strategy):
     # (per device, blocked data summed over the blocks where they are), so the same bits on every layout
     zero = one_zero_residual(pos)
     g = kl_value_and_grad(lh, pos, zero, strategy)[1]
-    res = config.solve(lambda t: kl_metric(lh, pos, zero, t, strategy), g, None, min_curvature=1.0)
+    res = conjugate_gradient(lambda t: kl_metric(lh, pos, zero, t, strategy), g, None, config, min_curvature=1.0)
     return tm.sub(pos, res.x), res.nit, res.status
 
 
