@@ -9,19 +9,16 @@ assertion changes; it only saves compilation time.
 
 Engine steps compile at LLVM level 0 on CPU in most tests, at the shipped
 level (:data:`shardvi.parallel.CPU_COMPILER_OPTIONS`, level 1) in the tests
-marked ``product_compiler``. The suite is bound by XLA compilation (about 80 %
-of its CPU time; the engine's steps half of it), and level 0 compiles them in
-~0.6x the time. Both levels compute IEEE arithmetic without fast-math, so a
+marked ``product_compiler``. The suite is bound by compilation (most of it the
+engine's steps), and level 0 compiles them faster. Both levels compute IEEE arithmetic without fast-math, so a
 test against a closed form, scipy or a tolerance asserts the same; what level 0
 does not keep is the bitwise equality of *different* programs (1 vs N devices,
 one strategy vs another, data as constants vs arguments), which the shipped
 level is tested for: every test that compares the bits of two different
 programs carries the marker (a module: ``pytestmark``), and so does a test
-bound by its run time (the flagship demo; level-0 code runs ~1.3x slower).
+bound by its run time (the flagship demo; level-0 code runs slower).
 Same-program comparisons (resume, compilation cache, compiling ahead) hold at
-any level. Measured on the idle 2-core machine: the suite in 7:43-8:29 with
-these levels (user 14:35-16:00 for the same work: the machine's speed drifts
-by ~10 % within an hour), 8:37-9:08 with level 1 for every program.
+any level.
 """
 
 import os
@@ -32,8 +29,7 @@ import types
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The programs the tests compile outside the engine (test-local jits, eager ops such as jax.random.normal)
 # at LLVM level 0 instead of XLA's default 3 (no fast-math at any level), in a fraction of the compile time
-# (a 4-D jax.random.normal: 4.9 s at level 3, 0.4 s at level 1; the small test programs run in microseconds
-# at any level). The engine steps set their level themselves (below).
+# (the small test programs run in microseconds at any level). The engine steps set their level themselves (below).
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 # model axes over the 4 forced CPU devices of one process: XLA:CPU's depth-first schedule (shardvi._xla_flags)

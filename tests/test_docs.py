@@ -4,16 +4,16 @@ Each file's ```` ```python ```` blocks run in order in one namespace, in this pr
 devices, tests/conftest.py) and in a temporary working directory (figures and checkpoints the examples
 write go there). A block is not run when the line before its fence is the marker ``<!-- docs-test: skip -->``
 (invisible in the rendered page): fragments with ``...``, code that has to start a process of its own
-(``jax.distributed``), and the field-split comparison of docs/guide/model-parallelism.md (about 20 s to
-compile; tests/test_field_split.py checks the same equality).
+(``jax.distributed``), and the field-split comparison of docs/guide/model-parallelism.md (long to compile;
+tests/test_field_split.py checks the same equality).
 
 An example prepares its process as a user's script does; JAX is already set up here, so
 ``jax.config.update("jax_num_cpu_devices", n)`` is checked against the 4 devices of this process instead
 of being applied (it raises once JAX has run). Every file must run without a solver convergence warning
 (``sv.ConvergenceWarning``): the guides teach settings that converge, and what an example says it shows
 (the same bits on 1 and 4 devices, a resumed run equal to a straight one) is checked (``CLAIMS``). The
-examples are small (a 32 x 32 image, a few iterations), so that this module runs in about 35 s on 2
-cores; programs the files share are compiled once (the test session's compilation cache).
+examples are small (a 32 x 32 image, a few iterations), so that this module runs quickly; programs the
+files share are compiled once (the test session's compilation cache).
 """
 
 import glob

@@ -302,7 +302,7 @@ def test_model_is_a_pytree_with_the_grid_as_a_leaf():
 
 # ------------------------------------------------------------------------------------------ optimize_kl
 # The engine's compiled steps dominate this file's run time; their compile time grows with the number of
-# latent leaves (~1 s each on the 2-core machine): the problems below keep to one or two.
+# latent leaves: the problems below keep to one or two.
 def test_optimize_kl_with_inferred_scale():
     n = 12
     wp = WienerProcess(np.full(n - 1, 0.2), LogNormal(1.0, 0.5), x0=0.5)

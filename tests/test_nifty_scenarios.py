@@ -252,7 +252,7 @@ def test_optimize_kl_bitwise_across_device_maps(vmap_run):
     every strategy, and shard_map sampling with jit KL, all bitwise. This adds upstream's exact-fit case
     (2 pairs = 4 samples on 4 devices), a pair of different strategies (pmap, shard_map), point estimates,
     constants and a variable-covariance likelihood on a dict latent, for the first iteration: MGVI draws and
-    KL minimization (the geoVI iterations would add ~5 s of compilation; the tests above run geoVI on every
+    KL minimization (the geoVI iterations would add their compilation; the tests above run geoVI on every
     strategy).
     """
     ref_seen, ref_state = vmap_run

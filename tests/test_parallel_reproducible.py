@@ -177,9 +177,8 @@ def test_correlated_field_bitwise_across_device_counts():
     (``test_bitwise_equal_to_one_device_vmap``) and on the
     masked and radio models (``tests/test_model_parallel.py``), ``shard_map``
     on this model's flagship form in ``tests/test_demos.py`` (multi-device
-    comparison). The geoVI step of this model took 22 s of the suite's
-    compile time, a ``pmap`` case another 17 s, and neither caught anything
-    more.
+    comparison). A geoVI step or a ``pmap`` case of this model would add
+    much compile time and exercise no code the others do not.
 
     ``jit``: the correlated field's FFT carries a partitioning rule
     (``shardvi.parallel.fft``), so each device transforms its own samples —

@@ -1,6 +1,6 @@
 """Trust-region Newton-CG (Steihaug-Toint) against scipy's trust-ncg, closed forms and Newton-CG in the driver.
 
-Every distinct (objective, configuration, shapes) compiles the solver once (~1 s at LLVM level 0): the tests
+Every distinct (objective, configuration, shapes) compiles the solver once: the tests
 share configurations and pass the quadratics' matrices as arguments so that few programs cover them.
 """
 
