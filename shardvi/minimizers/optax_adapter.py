@@ -26,8 +26,7 @@ __all__ = ["OptaxConfig", "check_optimizer"]
 
 @dataclasses.dataclass(frozen=True)
 class OptaxConfig(Minimizer):
-    """An ``optax.GradientTransformation`` as a :class:`~shardvi.minimizers.Minimizer`: its settings, and the
-    solver (:meth:`minimize`).
+    """Run an ``optax.GradientTransformation`` as a :class:`~shardvi.minimizers.Minimizer`.
 
     ``OptaxConfig(optax.adam(1e-2)).minimize(fun_and_grad, None, x0)`` runs it
     (first-order: no ``hessp``); ``optimize_kl`` calls the same method on its

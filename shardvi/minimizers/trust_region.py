@@ -32,11 +32,10 @@ def _positive(owner: str, name: str, value) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class TrustRegionConfig(Minimizer):
-    """Trust-region Newton-CG: its radius rules and stopping rules, and the solver (:meth:`minimize`).
+    """Trust-region Newton-CG as a :class:`~shardvi.minimizers.Minimizer`: radius rules and stopping rules.
 
-    ``TrustRegionConfig(...).minimize(fun_and_grad, hessp, x0)`` runs it
-    (:meth:`minimize`); ``optimize_kl`` calls the same method on its
-    ``kl_minimization``.
+    ``TrustRegionConfig(...).minimize(fun_and_grad, hessp, x0)`` runs it;
+    ``optimize_kl`` calls the same method on its ``kl_minimization``.
     The defaults of the radius rules are scipy's (``method='trust-ncg'``).
 
     Parameters
