@@ -22,6 +22,7 @@ from shardvi.minimizers import (
     Solution,
     SolverError,
     Status,
+    TrustRegionConfig,
     check_minimizer,
     conjugate_gradient,
     newton_cg,
@@ -246,8 +247,11 @@ def test_custom_minimizer_subclass_is_accepted_and_used():
 def test_check_minimizer_rejects_what_cannot_minimize():
     with pytest.raises(TypeError, match=r"kl_minimization must be a shardvi.minimizers.Minimizer.*got CGConfig"):
         check_minimizer(CGConfig(), "kl_minimization")
-    with pytest.raises(TypeError, match="kl_minimization must be a shardvi.minimizers.Minimizer.*got function"):
+    with pytest.raises(TypeError, match="kl_minimization must be a shardvi.minimizers.Minimizer.*got function$"):
         check_minimizer(lambda f, h, x: x, "kl_minimization")
+    # an optax optimizer itself: the message says how to wrap it
+    with pytest.raises(TypeError, match=r"got GradientTransformation.*kl_minimization=sv.OptaxConfig\(optimizer"):
+        check_minimizer(optax.adam(1e-2), "kl_minimization")
 
     @dataclasses.dataclass  # mutable: eq without hash
     class Mutable(Minimizer):
@@ -278,6 +282,21 @@ def test_optax_config_check_traces_the_optimizer_on_the_parameters():
     bad = OptaxConfig(optax.GradientTransformation(lambda p: optax.EmptyState(), bad_update))
     with pytest.raises(TypeError, match=r"kl_minimization\.optimizer\.update must return a pair"):
         check_minimizer(bad, "kl_minimization", params=params)
+
+
+def test_solvers_name_an_argument_that_is_not_callable():
+    fg, hp = quadratic()
+    x0 = jnp.zeros(N)
+    with pytest.raises(TypeError, match="newton_cg: fun_and_grad must be callable, got int"):
+        newton_cg(3, hp, x0)
+    with pytest.raises(TypeError, match="newton_cg: hessp must be callable, got NoneType"):
+        newton_cg(fg, None, x0)
+    with pytest.raises(TypeError, match="newton_cg: hessp_at must be callable, got str"):
+        newton_cg(fg, hp, x0, hessp_at="metric")
+    with pytest.raises(TypeError, match="TrustRegionConfig.minimize: hessp must be callable, got ndarray"):
+        TrustRegionConfig().minimize(fg, np.eye(N), x0)
+    with pytest.raises(TypeError, match="OptaxConfig.minimize: fun_and_grad must be callable, got float"):
+        OptaxConfig(optax.sgd(0.1)).minimize(1.0, None, x0)
 
 
 @pytest.mark.parametrize("kw", ["min_curvature", "xtol_curvature"])

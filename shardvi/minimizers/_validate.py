@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["check_iters", "check_name", "check_tol"]
+__all__ = ["check_callables", "check_iters", "check_name", "check_tol"]
 
 
 def check_tol(owner: str, name: str, value, *, allow_none: bool = True, upper=None) -> None:
@@ -38,3 +38,11 @@ def check_name(owner: str, name) -> None:
     """A logging name: str or None."""
     if name is not None and not isinstance(name, str):
         raise TypeError(f"{owner}.name must be a str or None, got {type(name).__name__}")
+
+
+def check_callables(owner: str, **functions) -> None:
+    """Each keyword's value must be callable: a ``TypeError`` naming ``owner``'s argument otherwise (before JAX
+    traces anything)."""
+    for name, f in functions.items():
+        if not callable(f):
+            raise TypeError(f"{owner}: {name} must be callable, got {type(f).__name__}")

@@ -91,9 +91,13 @@ def check_minimizer(value, argname: str, params=None) -> Minimizer:
     Returns ``value``. Raises ``TypeError`` naming ``argname`` otherwise.
     """
     if not isinstance(value, Minimizer):
+        optax_like = callable(getattr(value, "init", None)) and callable(getattr(value, "update", None))
+        hint = (
+            f"; an optax optimizer runs wrapped: {argname}=sv.OptaxConfig(optimizer, maxiter=...)" if optax_like else ""
+        )
         raise TypeError(
             f"{argname} must be a shardvi.minimizers.Minimizer (e.g. NewtonCGConfig(...), "
-            f"TrustRegionConfig(...), OptaxConfig(...)), got {type(value).__name__}"
+            f"TrustRegionConfig(...), OptaxConfig(...)), got {type(value).__name__}{hint}"
         )
     try:
         hash(value)

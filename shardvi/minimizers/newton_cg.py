@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import tree_math as tm
-from ._validate import check_iters, check_name, check_tol
+from ._validate import check_callables, check_iters, check_name, check_tol
 from .cg import CGConfig, cg_solve
 from .minimizer import Minimizer
 from .progress import log_iteration
@@ -175,6 +175,9 @@ def newton_cg(
     """
     if not isinstance(config, NewtonCGConfig):
         raise TypeError(f"config must be a NewtonCGConfig, got {type(config).__name__}")
+    check_callables("newton_cg", fun_and_grad=fun_and_grad, hessp=hessp)
+    if hessp_at is not None:
+        check_callables("newton_cg", hessp_at=hessp_at)
     check_tol("newton_cg", "min_curvature", min_curvature)
     check_tol("newton_cg", "xtol_curvature", xtol_curvature)
     cgc = config.cg

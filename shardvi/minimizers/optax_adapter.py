@@ -12,7 +12,7 @@ import numpy as np
 from jax import tree_util as jtu
 
 from .. import tree_math as tm
-from ._validate import check_iters, check_name, check_tol
+from ._validate import check_callables, check_iters, check_name, check_tol
 from .minimizer import Minimizer
 from .progress import log_iteration
 from .solution import Solution
@@ -237,6 +237,7 @@ def _optax_minimize(fun_and_grad: Callable, x0, config: OptaxConfig) -> Solution
     """The algorithm of :meth:`OptaxConfig.minimize`."""
     import optax
 
+    check_callables("OptaxConfig.minimize", fun_and_grad=fun_and_grad)
     opt = config.optimizer
     argname = "OptaxConfig.optimizer"
     value_fn = differentiable_value(fun_and_grad)

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import tree_math as tm
-from ._validate import check_iters, check_name, check_tol
+from ._validate import check_callables, check_iters, check_name, check_tol
 from .minimizer import Minimizer
 from .newton_cg import _F_ROUNDING  # energy changes below this many eps * |f| are rounding noise: one rule
 from .progress import log_iteration
@@ -251,6 +251,7 @@ def _trust_region_newton_cg(
     fun_and_grad: Callable, hessp: Callable, x0, config: TrustRegionConfig, *, min_curvature: float | None
 ) -> Solution:
     """The algorithm of :meth:`TrustRegionConfig.minimize`."""
+    check_callables("TrustRegionConfig.minimize", fun_and_grad=fun_and_grad, hessp=hessp)
     check_tol("TrustRegionConfig.minimize", "min_curvature", min_curvature)
     n = tm.size(x0)
     # f and g at x0 come from the loop's first pass, at the one call site of fun_and_grad (as newton_cg: each
