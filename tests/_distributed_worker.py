@@ -127,6 +127,12 @@ def field_split_run(mp, process_id: int, out: str) -> None:
     t = sv.StudentT(split(d), dof=dof, noise_std=split(std))
     expect = np.sqrt(5.0 / 7.0) / np.asarray(std)
     assert np.array_equal(multihost_utils.process_allgather(t.fisher_sqrt, tiled=True), expect)
+    try:  # the ELBO needs whole arrays: refused on the likelihood, before the samples are read
+        sv.estimate_evidence_lower_bound(lh, None)  # pyright: ignore[reportArgumentType]
+    except ValueError as err:
+        assert "split over processes" in str(err), err
+    else:
+        raise AssertionError("the ELBO of a likelihood split over processes did not raise")
     try:  # a one-device strategy cannot hold arrays split over processes
         sv.optimize_kl(
             lh, start, key=jax.random.PRNGKey(0), n_total_iterations=1, n_samples=1, sample_map="vmap", progress=False

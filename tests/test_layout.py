@@ -76,10 +76,6 @@ def test_entry_points_that_do_not_take_a_field_split_say_so_before_any_work():
     split = sv.Gaussian(d, noise_std=0.1).amend(model, field_blocks=4)
     with pytest.raises(NotImplementedError, match="wiener_filter_posterior does not take .* field_blocks"):
         sv.wiener_filter_posterior(split, key=jax.random.PRNGKey(0), n_samples=1)
-    pos = model.init(jax.random.PRNGKey(0))
-    samples = sv.Samples(pos, jax.tree.map(lambda x: jnp.zeros((2, *x.shape)), pos))
-    with pytest.raises(NotImplementedError, match="estimate_evidence_lower_bound does not take .* field_blocks"):
-        sv.estimate_evidence_lower_bound(split, samples)
     with pytest.raises(TypeError, match="data_blocks or field_blocks cannot be added"):
         split + sv.Gaussian(d, noise_std=0.1).amend(model)
 

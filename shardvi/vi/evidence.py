@@ -43,6 +43,7 @@ from jax import tree_util as jtu
 from jax.flatten_util import ravel_pytree
 
 from ..models.model import check_latent
+from ..parallel.field_arrays import is_global
 from ..parallel.memory import InsufficientMemoryError, check_memory, format_bytes, memory_limit
 from ..parallel.reproducible import engine_options_key, reproducible_jit
 from ..parallel.strategy import Placed, Strategy, get_strategy
@@ -121,7 +122,11 @@ class EvidenceLowerBound(NamedTuple):
 def _check(lh, samples) -> None:
     if not isinstance(lh, Likelihood):
         raise TypeError(f"likelihood must be a shardvi Likelihood, got {type(lh).__name__}")
-    lh.layout.require("estimate_evidence_lower_bound")
+    if any(is_global(x) for x in jtu.tree_leaves(lh)):
+        raise ValueError(
+            "estimate_evidence_lower_bound needs the likelihood's arrays whole on every process: these are split "
+            "over processes (sv.parallel.field_array / field_model); build the likelihood from whole arrays"
+        )
     if not isinstance(samples, Samples):
         raise TypeError(f"samples must be a shardvi Samples (from optimize_kl), got {type(samples).__name__}")
     if len(samples) == 0:
@@ -332,7 +337,9 @@ def estimate_evidence_lower_bound(
     ----------
     likelihood : Likelihood
         On the latent space (``lh.amend(model)``), as given to
-        :func:`~shardvi.optimize_kl`.
+        :func:`~shardvi.optimize_kl`; amended with ``data_blocks`` or
+        ``field_blocks`` too, its arrays whole on every process (not split
+        over processes: a ``ValueError``).
     samples : Samples
         Posterior samples around ``samples.pos`` (the variational mean).
     n_eigenvalues : int, optional

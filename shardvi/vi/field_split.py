@@ -296,9 +296,17 @@ class FieldSplitLikelihood(AmendedLikelihood):
         return v.energy(v.local(xi))
 
     def normalization(self) -> float | None:
-        """The data likelihood's where the data are the grid; ``None`` for data of a ``Mask`` / ``Sampling``
-        (held on the grid, with unobserved pixels that are not data)."""
-        return None if self.response is not None else _unpadded_likelihood(self).normalization()
+        """The data likelihood's: of the grid's data, or of the data a ``Mask`` / ``Sampling`` reads (its arrays
+        on the grid read through the response, the unobserved pixels left out). ``None`` where the data are split
+        over processes (no process holds them whole) or the data likelihood does not know it."""
+        likelihood = _unpadded_likelihood(self)
+        if any(is_global(x) for x in jtu.tree_leaves(likelihood)):
+            return None
+        response = self.response
+        if response is None:
+            return likelihood.normalization()
+        grid = tuple(response.shape)
+        return jtu.tree_map(lambda x: response(x) if np.shape(x) == grid else x, likelihood).normalization()
 
     def _to_data(self, tree):
         """Grid-shaped data-space arrays -> the data's own layout: padding rows cut off, the Mask / Sampling
