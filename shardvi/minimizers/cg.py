@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import tree_math as tm
-from ._validate import check_iters, check_name, check_tol
+from ._validate import check_callables, check_iters, check_name, check_tol
 from .progress import log_iteration
 from .solution import CGResult
 from .status import Status
@@ -209,8 +209,7 @@ def conjugate_gradient(
     """
     if not isinstance(config, CGConfig):
         raise TypeError(f"config must be a CGConfig, got {type(config).__name__}")
-    if not callable(matvec):
-        raise TypeError(f"matvec must be callable, got {type(matvec).__name__}")
+    check_callables("conjugate_gradient", matvec=matvec)
     return cg_solve(
         matvec,
         b,
