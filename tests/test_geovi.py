@@ -150,6 +150,10 @@ def _noise_gauss_steps(stored_name, keys, signs, config):
     problem, _, pos = _noise_gauss_at(stored_name)
 
     def one(key, sign):
+        if config is None:  # the public functions' own defaults
+            r_lin, _ = sv.draw_linear_residual(problem.lh, pos, key)
+            _, res = sv.nonlinearly_update_residual(problem.lh, pos, sv.tree_math.scale(sign, r_lin), key, sign)
+            return res.nit, res.status
         r_lin, _ = sv.draw_linear_residual(problem.lh, pos, key, sv.CGConfig(tol=1e-6, maxiter=500))
         _, res = sv.nonlinearly_update_residual(problem.lh, pos, sv.tree_math.scale(sign, r_lin), key, sign, config)
         return res.nit, res.status
@@ -163,7 +167,8 @@ def test_the_default_update_solves_the_root_problem_in_few_newton_steps():
     draws are ones whose updates with inner solves to ``1e-6`` stop at the 50-step cap (the early inexact steps
     lead into a region where every Newton step must be cut to 1/16-1/64, ``|delta|^2 / 2`` falling by ~1 % per
     step); with a minimizer's loose inner solves (relative residual 0.5) they all do, and the other four take
-    more than twice the default's steps (an inexact Newton step on a root problem converges linearly)."""
+    more than twice the default's steps (an inexact Newton step on a root problem converges linearly). The public
+    sampling functions called without a config use the same default."""
     from shardvi.vi.settings import DEFAULT_NONLINEAR_UPDATE
 
     hard = [(44, -1.0), (62, 1.0), (68, 1.0), (89, -1.0), (159, -1.0), (188, -1.0)]
@@ -184,6 +189,10 @@ def test_the_default_update_solves_the_root_problem_in_few_newton_steps():
     loose, status_loose = steps(0.5)
     assert np.all(status_loose[: len(hard)] != 0), (loose, status_loose)
     assert loose[len(hard) :].min() > 2 * nit[len(hard) :].max(), (loose, nit)
+    # sv.draw_linear_residual / sv.nonlinearly_update_residual called without a config solve as optimize_kl does
+    public = _noise_gauss_steps("noise_gauss_after_three_iterations.npz", keys, signs, None)
+    np.testing.assert_array_equal(public[0], nit)
+    np.testing.assert_array_equal(public[1], status)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from ..minimizers.cg import CGConfig, CGResult, conjugate_gradient
 from ..minimizers.newton_cg import NewtonCGConfig, newton_cg
 from ..minimizers.solution import Solution
 from ..models.model import check_latent
+from .defaults import DEFAULT_LINEAR_SAMPLING, DEFAULT_NONLINEAR_UPDATE
 from .likelihood import Likelihood
 from .masks import project
 
@@ -68,7 +69,7 @@ def metric_sample(likelihood: Likelihood, pos, key, sample_mask=None):
 
 
 def draw_linear_residual(
-    likelihood: Likelihood, pos, key, config: CGConfig = CGConfig(), *, sample_mask=None
+    likelihood: Likelihood, pos, key, config: CGConfig = DEFAULT_LINEAR_SAMPLING, *, sample_mask=None
 ) -> tuple[object, CGResult]:
     """MGVI residual ``r ~ N(0, M(pos)^{-1})`` (its mirror is ``-r``).
 
@@ -81,7 +82,8 @@ def draw_linear_residual(
     key : jax key
         One key per pair; the same key gives the same residual on any device.
     config : CGConfig
-        Stopping rules of the CG solve ``M r = y``.
+        Stopping rules of the CG solve ``M r = y``; default ``optimize_kl``'s
+        ``linear_sampling`` default, ``CGConfig(tol=1e-6, maxiter=500)``.
     sample_mask : pytree of bool, optional
         False for point-estimated entries (their residual is exactly 0).
 
@@ -121,7 +123,7 @@ def nonlinearly_update_residual(
     residual,
     metric_sample_key,
     metric_sample_sign,
-    config: NewtonCGConfig = NewtonCGConfig(),
+    config: NewtonCGConfig = DEFAULT_NONLINEAR_UPDATE,
     *,
     sample_mask=None,
 ) -> tuple[object, Solution]:
@@ -152,6 +154,10 @@ def nonlinearly_update_residual(
     eigenvalue of ``J_g^T J_g = Mbar^2 >= I`` at ``r = 0`` (an estimate away
     from it). A Gauss-Newton direction of non-positive curvature (``J_g``
     singular along it) stops the update with status ``NONPOSITIVE_CURVATURE``.
+    The default ``config`` is ``optimize_kl``'s ``nonlinear_update`` default,
+    ``NewtonCGConfig(xtol=1e-6, maxiter=50, cg=CGConfig(tol=1e-8, maxiter=500))``:
+    inner solves that loose (relative residual 0.5, a minimizer's default) make
+    the Newton steps crawl where the coordinates curve.
 
     Returns
     -------

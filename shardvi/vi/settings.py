@@ -20,6 +20,7 @@ from ..minimizers.minimizer import Minimizer, check_minimizer
 from ..minimizers.newton_cg import NewtonCGConfig
 from ..models.model import check_x64
 from . import checkpoint as ckpt
+from .defaults import DEFAULT_KL_MINIMIZATION, DEFAULT_LINEAR_SAMPLING, DEFAULT_NONLINEAR_UPDATE
 from .likelihood import Likelihood
 from .modes import SampleMode, parse_sample_mode
 
@@ -39,10 +40,6 @@ __all__ = [
     "raw_key",
     "settings_at",
 ]
-
-DEFAULT_LINEAR_SAMPLING = CGConfig(tol=1e-6, maxiter=500)
-DEFAULT_NONLINEAR_UPDATE = NewtonCGConfig(xtol=1e-6, maxiter=50, cg=CGConfig(tol=1e-8, maxiter=500))
-DEFAULT_KL_MINIMIZATION = NewtonCGConfig(xtol=1e-6, maxiter=35)
 
 _CONFIGS = (CGConfig, NewtonCGConfig, Minimizer)  # callables that are settings, not callable(iteration)
 
