@@ -418,6 +418,12 @@ def test_sample_status_raises_and_the_warning_names_the_field():
     )
     assert "raise nonlinear_update.maxiter (now 7), e.g. nonlinear_update=sv.NewtonCGConfig(..., maxiter=14)" in msg
     assert "category=sv.ConvergenceWarning" in msg
+    # where the samples go: an early iteration's feed its KL step only, the last iteration's are the result
+    assert "the next iteration draws or updates its own" in msg and "They are among" not in msg
+    last = unconverged_message(got, 4, 5, "sampling (geoVI update)", "nonlinear_update", NewtonCGConfig(maxiter=7))
+    assert "They are among the samples the run returns." in last and "next iteration" not in last
+    kl = unconverged_message(got, 3, 5, "KL minimization", "kl_minimization", NewtonCGConfig(maxiter=7))
+    assert "next iteration" not in kl and "samples the run returns" not in kl
     assert unconverged_message([0, 0], 3, 5, "sampling (geoVI update)", "nonlinear_update", None) is None
     # a failed line search alone: the precision floor, and for the geoVI update a fold of the coordinate map
     msg = unconverged_message([0, 4], 3, 5, "sampling (geoVI update)", "nonlinear_update", NewtonCGConfig())

@@ -50,6 +50,13 @@ def unconverged_message(codes, nit, total, stage, field, config) -> str | None:
         f"{stage} at iteration {nit + 1}/{total}: {n_bad} of {len(codes)} sample solves did not converge "
         f"({', '.join(parts)}). The samples are kept; the log line of every iteration counts its unconverged solves."
     )
+    if stage.startswith("sampling"):
+        head += (
+            " These samples enter this iteration's KL minimization; the next iteration draws or updates its own, and "
+            "the run returns the last iteration's."
+            if nit + 1 < total
+            else " They are among the samples the run returns."
+        )
     maxiter = getattr(config, "maxiter", None)
     if any(c == Status.MAX_ITERATIONS for c in codes) and isinstance(maxiter, int):
         name = type(config).__name__
