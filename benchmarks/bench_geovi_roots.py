@@ -203,7 +203,7 @@ def main(argv=None):
         f"\n{args.problem}, {2 * args.pairs} geoVI updates at the position of the defaults run (seed {args.seed}); "
         f"`{args.quantity}` in reference sd"
     )
-    print("| setting | at a root | median / largest |delta|^2/2 | Newton steps median / max | spread | extreme | s |")
+    print("| setting | at a root | median / largest \\|delta\\|^2/2 | Newton steps med / max | spread | extreme | s |")
     print("|:---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
