@@ -9,8 +9,8 @@ __all__ = ["DEFAULT_KL_MINIMIZATION", "DEFAULT_LINEAR_SAMPLING", "DEFAULT_NONLIN
 
 #: MGVI residuals: CG on the sampling metric to a relative residual of 1e-6
 DEFAULT_LINEAR_SAMPLING = CGConfig(tol=1e-6, maxiter=500)
-#: geoVI updates: Newton steps to ``xtol=1e-6`` with inner CG solves to 1e-8 (a median of 4 steps to the root
-#: where loose inner solves crawl)
+#: geoVI updates, a root problem: Newton steps to ``xtol=1e-6`` with inner CG solves to 1e-8 (inexact inner solves
+#: cost Newton its fast convergence there)
 DEFAULT_NONLINEAR_UPDATE = NewtonCGConfig(xtol=1e-6, maxiter=50, cg=CGConfig(tol=1e-8, maxiter=500))
 #: the KL minimization of each global iteration
 DEFAULT_KL_MINIMIZATION = NewtonCGConfig(xtol=1e-6, maxiter=35)
