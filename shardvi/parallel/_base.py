@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding
 
 from .._xla_flags import warn_if_unordered
 from .blocks import is_blocked, is_field_split, model_specs
-from .field_arrays import is_global
+from .field_arrays import holds_global
 from .grid import MeshSlab, is_mesh_slab
 from .mesh import (
     Layout,
@@ -59,7 +59,7 @@ class SingleDevice(Strategy):
 
     def place(self, tree):
         """Commit inputs to the first local device (``ValueError`` for arrays split over processes)."""
-        if any(is_global(x) for x in jtu.tree_leaves(tree)):
+        if holds_global(tree):
             raise ValueError(
                 f"the inputs hold arrays split over processes (sv.parallel.field_array), but {type(self).__name__} "
                 "computes on one device of this process: use ShardMap or JitSharding with the field split "

@@ -29,13 +29,18 @@ from jax.sharding import PartitionSpec as P
 
 from .mesh import MODEL_AXIS
 
-__all__ = ["field_array", "field_model", "process_rows", "is_global"]
+__all__ = ["field_array", "field_model", "process_rows", "is_global", "holds_global"]
 
 
 def is_global(x) -> bool:
     """Whether ``x`` is an array split over processes (e.g. a :func:`field_array`): not all of its values are
     on this process, so it is checked with compiled JAX reductions every process runs alike."""
     return isinstance(x, jax.Array) and not x.is_fully_addressable
+
+
+def holds_global(tree) -> bool:
+    """Whether any leaf of ``tree`` is an array split over processes (:func:`is_global`)."""
+    return any(is_global(x) for x in jax.tree_util.tree_leaves(tree))
 
 
 def _shape(shape) -> tuple[int, ...]:

@@ -43,7 +43,7 @@ from jax import tree_util as jtu
 from jax.flatten_util import ravel_pytree
 
 from ..models.model import check_latent
-from ..parallel.field_arrays import is_global
+from ..parallel.field_arrays import holds_global
 from ..parallel.memory import InsufficientMemoryError, check_memory, format_bytes, memory_limit
 from ..parallel.reproducible import engine_options_key, reproducible_jit
 from ..parallel.strategy import Placed, Strategy, get_strategy
@@ -122,7 +122,7 @@ class EvidenceLowerBound(NamedTuple):
 def _check(lh, samples) -> None:
     if not isinstance(lh, Likelihood):
         raise TypeError(f"likelihood must be a shardvi Likelihood, got {type(lh).__name__}")
-    if any(is_global(x) for x in jtu.tree_leaves(lh)):
+    if holds_global(lh):
         raise ValueError(
             "estimate_evidence_lower_bound needs the likelihood's arrays whole on every process: these are split "
             "over processes (sv.parallel.field_array / field_model); build the likelihood from whole arrays"

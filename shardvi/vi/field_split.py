@@ -50,7 +50,7 @@ from .. import tree_math as tm
 from ..models.harmonic import RegularGrid
 from ..models.responses import UNOBSERVED, pixel_responses_recorded, pixels_on_grid
 from ..parallel.blocks import MODEL_AXIS, current_model_axis
-from ..parallel.field_arrays import is_global
+from ..parallel.field_arrays import holds_global, is_global
 from ..parallel.grid import (
     GridLayout,
     MeshSlab,
@@ -300,7 +300,7 @@ class FieldSplitLikelihood(AmendedLikelihood):
         on the grid read through the response, the unobserved pixels left out). ``None`` where the data are split
         over processes (no process holds them whole) or the data likelihood does not know it."""
         likelihood = _unpadded_likelihood(self)
-        if any(is_global(x) for x in jtu.tree_leaves(likelihood)):
+        if holds_global(likelihood):
             return None
         response = self.response
         if response is None:
@@ -788,7 +788,7 @@ def _rows_changed(likelihood: Likelihood, rows: int, new_rows: int, fn) -> Likel
 
 def _check_no_global_arrays(likelihood: Likelihood, model, n_blocks: int, rows: int) -> None:
     """``ValueError`` where arrays split over processes meet blocks that do not divide the rows."""
-    if any(is_global(x) for x in jtu.tree_leaves((likelihood, model))):
+    if holds_global((likelihood, model)):
         divisors = [b for b in range(1, rows + 1) if rows % b == 0]
         raise ValueError(
             f"field_blocks={n_blocks} does not divide the grid's {rows} rows, and the data or the model hold "

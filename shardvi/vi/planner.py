@@ -29,7 +29,7 @@ from jax import tree_util as jtu
 
 from ..minimizers.cg import CGConfig
 from ..minimizers.newton_cg import NewtonCGConfig
-from ..parallel.field_arrays import is_global
+from ..parallel.field_arrays import holds_global
 from ..parallel.memory import format_bytes, tree_bytes
 from ..parallel.memory import memory_limit as device_memory_limit  # plan's argument has the function's name
 from ..parallel.mesh import check_devices
@@ -342,7 +342,7 @@ def _plan(
     devs = check_devices(devices, "devices") or tuple(jax.devices())
     limit, source = device_memory_limit(devs, memory_limit)
     pos = jtu.tree_map(lambda x, d: jnp.asarray(x, d.dtype), position, likelihood.domain)
-    across = any(is_global(x) for x in jtu.tree_leaves((likelihood, position)))
+    across = holds_global((likelihood, position))
     todo = _candidates(likelihood, devs, n_samples, mirror, across)
     gpu = devs[0].platform != "cpu" if gpu is None else gpu
     if first_fit and gpu:
