@@ -234,6 +234,20 @@ def start_position(problem, args):
     return problem.pos0 if args.start == "pos0" or problem.start is None else problem.start
 
 
+def matched_solvers(geovi_maxiter=20, kl_maxiter=10, cg_tol=1e-6) -> dict:
+    """shardvi's solver settings matched with NIFTy.re's (the module docstring), as ``optimize_kl`` keywords."""
+    import shardvi as sv
+
+    inner = sv.CGConfig(tol=0.5, miniter=6, maxiter=200)
+    return dict(
+        linear_sampling=sv.CGConfig(tol=cg_tol, miniter=6, maxiter=500),
+        nonlinear_update=sv.NewtonCGConfig(
+            xtol=0.0, maxiter=geovi_maxiter, cg=inner, energy_reduction_factor=ENERGY_RULE
+        ),
+        kl_minimization=sv.NewtonCGConfig(xtol=0.0, maxiter=kl_maxiter, cg=inner, energy_reduction_factor=ENERGY_RULE),
+    )
+
+
 def shardvi_run(problem, method, pairs, args):
     """shardvi's ``optimize_kl`` with the matched settings: ``(stacked samples, wall seconds, solver info)``."""
     import warnings
@@ -242,16 +256,7 @@ def shardvi_run(problem, method, pairs, args):
 
     import shardvi as sv
 
-    inner = sv.CGConfig(tol=0.5, miniter=6, maxiter=200)
-    solvers = dict(
-        linear_sampling=sv.CGConfig(tol=args.cg_tol, miniter=6, maxiter=500),
-        nonlinear_update=sv.NewtonCGConfig(
-            xtol=0.0, maxiter=args.geovi_maxiter, cg=inner, energy_reduction_factor=ENERGY_RULE
-        ),
-        kl_minimization=sv.NewtonCGConfig(
-            xtol=0.0, maxiter=args.kl_maxiter, cg=inner, energy_reduction_factor=ENERGY_RULE
-        ),
-    )
+    solvers = matched_solvers(args.geovi_maxiter, args.kl_maxiter, args.cg_tol)
     if args.shardvi_settings == "defaults":  # the library's solver settings (what a user gets without choosing)
         solvers = {}
     t0 = time.perf_counter()

@@ -88,6 +88,7 @@ def main(argv=None):
     jax.config.update("jax_enable_x64", True)
     sys.path.insert(0, HERE)
     import accuracy_problems
+    import bench_accuracy
 
     import shardvi as sv
 
@@ -126,9 +127,7 @@ def main(argv=None):
 
     settings = {
         "shardvi defaults": None,  # what optimize_kl and nonlinearly_update_residual use when given none
-        "shardvi, 20 steps, inner CG 0.5 + energy rule (matched)": sv.NewtonCGConfig(
-            xtol=0.0, maxiter=20, cg=sv.CGConfig(tol=0.5, miniter=6, maxiter=200), energy_reduction_factor=0.1
-        ),
+        "shardvi, 20 steps, inner CG 0.5 + energy rule (matched)": bench_accuracy.matched_solvers()["nonlinear_update"],
     }
     rows = []
     for name, config in settings.items():
@@ -151,8 +150,6 @@ def main(argv=None):
         from importlib.metadata import version
 
         logging.getLogger("NIFTy.RE").setLevel(logging.ERROR)
-        import bench_accuracy
-
         nlh = bench_accuracy.nifty_likelihood(problem)
         npos = jft.Vector(pos)
         n_res = jax.jit(
