@@ -78,6 +78,12 @@ def _check_mask(mask, shape) -> np.ndarray | None:
     return mask.astype(bool)
 
 
+def _check_same_shape(arr, shape, name: str, ref: str) -> None:
+    """``ValueError`` unless ``arr`` (if given) has ``shape``, the shape of ``ref``."""
+    if arr is not None and arr.shape != tuple(shape):
+        raise ValueError(f"{name} has shape {arr.shape}, expected {tuple(shape)} (the shape of {ref})")
+
+
 def _extent(shape, extent) -> tuple:
     """The outer pixel edges ``(x0, x1, y0, y1)``: ``extent`` or pixel indices (centres at integers)."""
     if extent is None:
@@ -283,8 +289,22 @@ def plot_reconstruction(
     Returns
     -------
     matplotlib.figure.Figure
+
+    Raises
+    ------
+    ValueError
+        If ``mean`` is not 1-D or 2-D, or ``std``, ``truth``, a 2-D ``data`` or
+        ``mask`` does not have its shape.
     """
     mean, std, truth, data = _np(mean), _np(std), _np(truth), _np(data)
+    if mean.ndim not in (1, 2):
+        raise ValueError(f"mean must be 1-D or 2-D, got shape {mean.shape}")
+    _check_same_shape(std, mean.shape, "std", "mean")
+    _check_same_shape(truth, mean.shape, "truth", "mean")
+    if mean.ndim == 2:
+        _check_same_shape(data, mean.shape, "data", "mean")
+    elif data is not None and data_coords is not None and np.shape(data_coords) != data.shape:
+        raise ValueError(f"data_coords has shape {np.shape(data_coords)}, expected {data.shape} (the shape of data)")
     mask = _check_mask(mask, mean.shape)
     if mean.ndim == 1:
         fig, ax = plt.subplots(figsize=(8, 4))
@@ -392,7 +412,11 @@ def plot_samples(
     matplotlib.figure.Figure
     """
     samples, truth = _np(samples), _np(truth)
+    if samples.ndim not in (2, 3):
+        raise ValueError(f"samples must have shape (n_samples, n) or (n_samples, nx, ny), got {samples.shape}")
     mean = samples.mean(axis=0) if mean is None else _np(mean)
+    _check_same_shape(mean, samples.shape[1:], "mean", "one sample")
+    _check_same_shape(truth, samples.shape[1:], "truth", "one sample")
     mask = _check_mask(mask, samples.shape[1:])
     shown = samples[:max_samples]
     dev = shown - mean
@@ -495,8 +519,21 @@ def plot_power_spectra(
     Returns
     -------
     matplotlib.figure.Figure
+
+    Raises
+    ------
+    ValueError
+        If ``k`` is not 1-D, ``spectra`` not of shape ``(n_k,)`` or
+        ``(n_samples, n_k)``, or ``truth`` not of shape ``(n_k,)``.
     """
     k, spectra, truth = _np(k), _np(spectra), _np(truth)
+    if k.ndim != 1:
+        raise ValueError(f"k must be 1-D (the |k| of the spectra's entries), got shape {k.shape}")
+    if spectra.ndim not in (1, 2) or spectra.shape[-1] != k.size:
+        raise ValueError(
+            f"spectra must have shape ({k.size},) or (n_samples, {k.size}) (one entry per k), got {spectra.shape}"
+        )
+    _check_same_shape(truth, k.shape, "truth", "k")
     sel = k > 0
     fig, ax = plt.subplots(figsize=(6, 4))
     for i, p in enumerate(np.atleast_2d(spectra)):
@@ -530,6 +567,27 @@ def _method_switches(history: Sequence) -> list:
     return out
 
 
+#: what :func:`plot_convergence` reads of every report
+_REPORT_FIELDS = ("iteration", "kl_energy", "chi2_likelihood", "chi2_prior", "n_samples", "sample_mode")
+
+
+def _check_history(history) -> None:
+    """``TypeError`` unless ``history`` is a sequence of reports with :data:`_REPORT_FIELDS`."""
+    if hasattr(history, "history") or isinstance(history, (str, bytes)) or not isinstance(history, Sequence):
+        hint = " (pass state.history)" if hasattr(history, "history") else ""
+        raise TypeError(
+            f"history must be a sequence of iteration reports (state.history of optimize_kl), "
+            f"got {type(history).__name__}{hint}"
+        )
+    for i, report in enumerate(history):
+        missing = [f for f in _REPORT_FIELDS if not hasattr(report, f)]
+        if missing:
+            raise TypeError(
+                f"history must be a sequence of iteration reports (state.history of optimize_kl): history[{i}] "
+                f"is a {type(report).__name__} without {', '.join(missing)}"
+            )
+
+
 def plot_convergence(history: Sequence, *, title: str = "convergence", path: str | None = None):
     """KL energy and reduced χ² per global iteration from ``state.history``.
 
@@ -552,7 +610,13 @@ def plot_convergence(history: Sequence, *, title: str = "convergence", path: str
     Returns
     -------
     matplotlib.figure.Figure
+
+    Raises
+    ------
+    TypeError
+        If ``history`` is not a sequence of iteration reports.
     """
+    _check_history(history)
     it = [r.iteration for r in history]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.5), layout="constrained")
     a1.plot(it, [r.kl_energy for r in history], "o-")

@@ -534,3 +534,135 @@ def test_samples_validation_leaves_jax_transformations_alone():
     batch = sv.Samples.tree_unflatten(None, (POS, jnp.ones((3, 2, N)), None))
     assert jax.vmap(lambda s: s.pos + s.residuals[0], in_axes=(spec,))(batch).shape == (3, N)
     assert sv.Samples({"a": POS, "b": 0.0}, {"a": RES, "b": jnp.zeros(2)}).at({"a": POS, "b": 1.0}).pos["b"] == 1.0
+
+
+def test_summed_likelihoods_must_read_shared_latents_in_one_dtype():
+    d = np.linspace(-1.0, 1.0, N)
+    a = sv.Gaussian(d, noise_std=0.5).amend(
+        sv.Model(lambda x: x["s"] * x["xi"], {"xi": DOMAIN, "s": jax.ShapeDtypeStruct((), jnp.float64)})
+    )
+    b = sv.Gaussian(d, noise_std=0.5).amend(
+        sv.Model(lambda x: x["s"].astype(jnp.float64) * jnp.ones(N), {"s": jax.ShapeDtypeStruct((), jnp.float32)})
+    )
+    for lhs, rhs in ((a, b), (b, a)):
+        with pytest.raises(TypeError, match="dtype of domain entry 's'"):
+            lhs + rhs
+    with pytest.raises(TypeError, match="dtype of the domain"):
+        sv.Gaussian(DATA, noise_std=0.5).amend(MODEL) + sv.Gaussian(DATA.astype(np.float32), noise_std=0.5).amend(
+            sv.Model(jnp.exp, F32)
+        )
+
+
+def test_gaussian_noise_callables_are_traced_on_the_data_shapes_when_built():
+    with pytest.raises(ValueError, match=r"noise_cov_inv must return .*\(4,\).*got .*\(3,\)"):
+        sv.Gaussian(DATA, noise_cov_inv=lambda r: r[:3], noise_std_inv=lambda r: r)
+    with pytest.raises(ValueError, match="noise_std_inv must return"):
+        sv.Gaussian(DATA, noise_cov_inv=lambda r: r, noise_std_inv=lambda r: r.astype(jnp.float32))
+    with pytest.raises(ValueError, match="noise_cov_inv failed .*ZeroDivisionError"):
+        sv.Gaussian(DATA, noise_cov_inv=lambda r: 1 / 0, noise_std_inv=lambda r: r)
+    with pytest.raises(ValueError, match="non-finite"):
+        sv.Gaussian(DATA, noise_cov_inv=lambda r: r / 0.0, noise_std_inv=lambda r: r)
+
+
+def test_gaussian_noise_arguments_that_do_not_go_together():
+    with pytest.raises(ValueError, match="noise_std_inv goes with a callable noise_cov_inv.*noise_std"):
+        sv.Gaussian(DATA, noise_std=1.0, noise_std_inv=lambda r: 10 * r)
+    with pytest.raises(ValueError, match="noise_std_inv goes with a callable noise_cov_inv.*array noise_cov_inv"):
+        sv.Gaussian(DATA, noise_cov_inv=2.0, noise_std_inv=lambda r: r)
+    with pytest.raises(TypeError, match="noise_std_inv must be a callable"):
+        sv.Gaussian(DATA, noise_cov_inv=lambda r: r, noise_std_inv=jnp.ones(N))
+    with pytest.raises(ValueError, match=r"noise_cov_inv has shape \(4, 4\).*dense noise covariance pass callables"):
+        sv.Gaussian(DATA, noise_cov_inv=jnp.eye(N))
+    with pytest.raises(ValueError, match=r"noise_std has shape \(3,\)"):
+        sv.Gaussian(DATA, noise_std=np.ones(3))
+
+
+def test_wiener_filter_flags_must_be_bools():
+    lin = sv.Gaussian(DATA, noise_std=0.5).amend(sv.Model(lambda x: 2.0 * x, DOMAIN))
+    with pytest.raises(TypeError, match="check_linear must be a bool"):
+        sv.wiener_filter_posterior(lin, key=KEY, n_samples=1, check_linear="yes")
+
+
+def test_the_sign_of_a_geovi_update_is_plus_or_minus_one():
+    r, _ = sv.draw_linear_residual(LH, POS + 0.1, KEY)
+    for sign, exc, match in ((0.0, ValueError, "got 0.0"), (5, ValueError, "got 5"), ("+", TypeError, "got str")):
+        with pytest.raises(exc, match=f"metric_sample_sign must be .*{match}"):
+            sv.nonlinearly_update_residual(LH, POS + 0.1, r, KEY, sign)
+    with pytest.raises(TypeError, match=r"metric_sample_sign must be a scalar.*\(1,\)"):
+        sv.nonlinearly_update_residual(LH, POS + 0.1, r, KEY, jnp.ones(1))
+    # +1 / -1 of any real type, and traced signs (mapped over the samples), are accepted: the mirror is -r's update
+    plus = sv.nonlinearly_update_residual(LH, POS + 0.1, r, KEY, np.int32(1))[0]
+    both = jax.vmap(lambda s, x: sv.nonlinearly_update_residual(LH, POS + 0.1, x, KEY, s)[0])(
+        jnp.array([1.0, -1.0]), jnp.stack([r, -r])
+    )
+    np.testing.assert_allclose(both[0], plus, rtol=1e-12, atol=1e-12)
+
+
+def test_a_sample_mask_has_one_bool_per_latent_leaf():
+    pos = {"a": POS + 0.1, "b": jnp.asarray(0.2)}
+    with pytest.raises(TypeError, match="sample_mask must hold one bool per latent leaf.*float"):
+        sv.draw_linear_residual(DICT_LH, pos, KEY, sample_mask={"a": 1.5, "b": 0.0})
+    with pytest.raises(ValueError, match="sample_mask must have the structure of the likelihood's domain"):
+        sv.draw_linear_residual(DICT_LH, pos, KEY, sample_mask={"a": True})
+    r, _ = sv.draw_linear_residual(DICT_LH, pos, KEY, sample_mask={"a": True, "b": np.bool_(False)})
+    assert float(r["b"]) == 0.0 and np.all(np.asarray(r["a"]) != 0)
+
+
+def test_public_sampling_functions_refuse_a_non_finite_position():
+    with pytest.raises(ValueError, match="pos contains non-finite"):
+        sv.draw_linear_residual(LH, jnp.array([jnp.nan, 0.1, 0.1, 0.1]), KEY)
+    r, _ = sv.draw_linear_residual(LH, POS, KEY)
+    with pytest.raises(ValueError, match="residual contains non-finite"):
+        sv.nonlinearly_update_residual(LH, POS, r.at[0].set(jnp.inf), KEY, 1.0)
+
+
+def test_conjugate_gradient_operands_must_match_the_right_hand_side():
+    a = jnp.diag(jnp.arange(1.0, 5.0))
+    with pytest.raises(ValueError, match=r"conjugate_gradient: x0 must have .*float64\[4\].*got .*float64\[5\]"):
+        sv.minimizers.conjugate_gradient(lambda x: a @ x, jnp.ones(4), jnp.zeros(5), sv.CGConfig())
+    with pytest.raises(ValueError, match=r"x0 must have .*float32\[4\]"):
+        sv.minimizers.conjugate_gradient(lambda x: a @ x, jnp.ones(4), jnp.zeros(4, jnp.float32), sv.CGConfig())
+    with pytest.raises(ValueError, match=r"conjugate_gradient: matvec\(v\) must have .*got .*float64\[3\]"):
+        sv.minimizers.conjugate_gradient(lambda x: jnp.ones(3), jnp.ones(4), jnp.zeros(4), sv.CGConfig())
+    res = sv.minimizers.conjugate_gradient(lambda x: a @ x, jnp.ones(4), None, sv.CGConfig(tol=1e-12))
+    np.testing.assert_allclose(res.x, 1.0 / np.arange(1.0, 5.0), rtol=1e-10)
+
+
+def test_plan_names_a_position_of_the_wrong_structure():
+    with pytest.raises(ValueError, match="position has tree structure"):
+        sv.parallel.plan(DICT_LH, {"a": POS}, n_samples=1)
+
+
+def test_a_likelihood_built_from_traced_data_is_a_clear_error():
+    with pytest.raises(TypeError, match="data is traced"):
+        jax.jit(lambda d: sv.Gaussian(d, noise_std=1.0).energy(d))(jnp.ones(N))
+    with pytest.raises(TypeError, match="counts is traced"):
+        jax.vmap(lambda c: sv.Poisson(c).energy(c))(jnp.ones((2, N)))
+
+
+def test_field_blocks_name_a_grid_latent_the_model_reads_directly():
+    """A latent of the grid's shape reaches the model as blocks of rows, which only a correlated field reads."""
+    mask = np.ones((8, 4), bool)
+    mask[2:4, 1:3] = False
+    resp = sv.Mask(mask)
+    model = sv.Model(lambda x: resp(jnp.exp(x)), jax.ShapeDtypeStruct((8, 4), jnp.float64))
+    lh = sv.Gaussian(jnp.ones(resp.size), noise_std=0.5).amend(model, field_blocks=2)
+    with pytest.raises(ValueError, match=r"field_blocks: the latent leaves of the grid's shape .*exp requires"):
+        sv.optimize_kl(
+            lh,
+            jnp.full((8, 4), 0.1),
+            key=KEY,
+            n_total_iterations=1,
+            n_samples=1,
+            sample_mode="linear_resample",
+            progress=False,
+        )
+
+
+def test_responses_built_from_traced_pixels_are_a_clear_error():
+    with pytest.raises(TypeError, match="Sampling: indices is traced"):
+        jax.jit(lambda i: sv.Sampling((i,), (8,))(jnp.ones(8)))(jnp.array([0, 1]))
+    with pytest.raises(TypeError, match="Mask: mask is traced"):
+        jax.jit(lambda m: sv.Mask(m)(jnp.ones(8)))(jnp.ones(8, bool))
+    mask = sv.Mask(np.arange(8) != 2)  # built outside, passed through jit as a pytree: fine
+    np.testing.assert_array_equal(jax.jit(lambda r, x: r(x))(mask, jnp.arange(8.0)), [0, 1, 3, 4, 5, 6, 7])

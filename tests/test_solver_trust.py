@@ -285,12 +285,43 @@ def test_newton_cg_gradient_fallback_to_maxiter_reports_nonpositive_curvature():
 
 
 def broken_noise_likelihood(scale):
-    """A linear model with a callable ``noise_cov_inv = -I`` (not positive definite)."""
+    """A linear model under a likelihood built from functions whose metric is ``-I`` (not positive definite).
+
+    (``sv.Gaussian`` refuses such noise callables when it is built: see the test below.)"""
     n = 8
     rng = np.random.default_rng(0)
     r = rng.normal(size=(n, n)) * scale
+    d = jnp.asarray(rng.normal(size=n))
     model = sv.Model(lambda xi: jnp.asarray(r) @ xi, jax.ShapeDtypeStruct((n,), jnp.float64))
-    return sv.Gaussian(rng.normal(size=n), noise_cov_inv=lambda v: -v, noise_std_inv=lambda v: v).amend(model), n
+    lh = sv.Likelihood(
+        lambda s: -0.5 * jnp.sum((d - s) ** 2),
+        domain=jax.ShapeDtypeStruct((n,), jnp.float64),
+        metric=lambda s, t: -t,
+        left_sqrt_metric=lambda s, e: e,
+        lsm_tangents_shape=jax.ShapeDtypeStruct((n,), jnp.float64),
+    )
+    return lh.amend(model), n
+
+
+def test_gaussian_noise_callables_that_are_no_square_root_pair_are_refused():
+    """``noise_std_inv`` must be self-adjoint with ``S S = N^{-1}`` (and ``N^{-1}`` self-adjoint): checked at two
+    random residuals when the likelihood is built; a consistent dense pair passes, in float64 and float32."""
+    d = np.ones(8)
+    for cov_inv, std_inv, match in [
+        (lambda v: -v, lambda v: v, "not the square root"),  # N^{-1} = -I: no real square root
+        (lambda v: 4.0 * v, lambda v: v, "not the square root"),
+        (lambda v: jnp.cumsum(v), lambda v: v, "noise_cov_inv is not self-adjoint"),
+        (lambda v: 4.0 * v, lambda v: 2.0 * jnp.cumsum(v), "noise_std_inv is not self-adjoint"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            sv.Gaussian(d, noise_cov_inv=cov_inv, noise_std_inv=std_inv)
+    a = np.random.default_rng(1).normal(size=(8, 8))
+    w, v = np.linalg.eigh(np.linalg.inv(a @ a.T + 8 * np.eye(8)))
+    for dtype in (np.float64, np.float32):
+        prec, sqrt = (jnp.asarray(v @ np.diag(p) @ v.T, dtype) for p in (w, np.sqrt(w)))
+        lh = sv.Gaussian(d.astype(dtype), noise_cov_inv=lambda r, m=prec: m @ r, noise_std_inv=lambda r, m=sqrt: m @ r)
+        want = 0.5 * d @ np.asarray(prec, np.float64) @ d
+        np.testing.assert_allclose(lh.energy(jnp.zeros(8, dtype)), want, rtol=1e-5)
 
 
 @pytest.mark.parametrize(

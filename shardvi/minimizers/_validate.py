@@ -1,10 +1,15 @@
-"""Checks shared by the solver configurations (they run once, at construction)."""
+"""Checks shared by the solvers: of their configurations (once, at construction) and of their operands
+(shapes and dtypes, at trace time)."""
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["check_callables", "check_iters", "check_name", "check_tol"]
+import jax.numpy as jnp
+import numpy as np
+from jax import tree_util as jtu
+
+__all__ = ["check_callables", "check_iters", "check_like", "check_name", "check_tol"]
 
 
 def check_tol(owner: str, name: str, value, *, allow_none: bool = True, upper=None) -> None:
@@ -46,3 +51,18 @@ def check_callables(owner: str, **functions) -> None:
     for name, f in functions.items():
         if not callable(f):
             raise TypeError(f"{owner}: {name} must be callable, got {type(f).__name__}")
+
+
+def check_like(owner: str, name: str, value, like_name: str, like) -> None:
+    """``value`` must have ``like``'s tree structure, leaf shapes and dtypes: a ``ValueError`` naming ``owner``'s
+    ``name`` otherwise. Reads only shapes and dtypes (free at trace time, traced values pass)."""
+    leaves, tree = jtu.tree_flatten(value)
+    like_leaves, like_tree = jtu.tree_flatten(like)
+    got = [(tuple(np.shape(x)), jnp.result_type(x)) for x in leaves]
+    want = [(tuple(np.shape(x)), jnp.result_type(x)) for x in like_leaves]
+    if tree != like_tree or got != want:
+        fmt = lambda specs: [f"{d}{list(s)}" for s, d in specs]  # noqa: E731
+        raise ValueError(
+            f"{owner}: {name} must have the structure, shapes and dtypes of {like_name} ({fmt(want)}), "
+            f"got {fmt(got)}" + ("" if tree == like_tree else f" in a tree {tree} instead of {like_tree}")
+        )

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import tree_math as tm
-from ._validate import check_callables, check_iters, check_name, check_tol
+from ._validate import check_callables, check_iters, check_like, check_name, check_tol
 from .progress import log_iteration
 from .solution import CGResult
 from .status import Status
@@ -102,6 +102,8 @@ def cg_solve(
         (and from ``miniter``): one iteration's energy change is no measure of
         stagnation.
     """
+    if x0 is not None:
+        check_like("conjugate_gradient", "x0", x0, "b", b)
     dtype = tm.leaf_dtype(b)
     real = jnp.finfo(dtype).dtype
     eps = jnp.asarray(jnp.finfo(real).eps, real)
@@ -139,6 +141,7 @@ def cg_solve(
 
     def body(s):
         q = matvec(s.d)
+        check_like("conjugate_gradient", "matvec(v)", q, "b", b)
         curv = tm.vdot(s.d, q)
         dd = tm.vdot(s.d, s.d)
         scale = jnp.sqrt(dd) * tm.norm(q)  # |d.q| <= |d| |q|: curvature below eps |d| |q| is rounding noise

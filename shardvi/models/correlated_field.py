@@ -27,6 +27,7 @@ field. Matern alternative: ``P(k) proportional to (1 + (k / cutoff)^2)^(loglogsl
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import jax
@@ -38,7 +39,7 @@ from ..module import Module
 from ..parallel.grid import is_slab, local_rows, pad_rows, take
 from ..parallel.slab import layout_hartley
 from .harmonic import RegularGrid, hartley
-from .model import Model
+from .model import Model, leaf_dtype
 from .priors import LogNormal, Normal, Prior, as_prior
 
 __all__ = ["CorrelatedFieldMaker", "CorrelatedField", "NonParametricAmplitude", "MaternAmplitude", "Hyperparameter"]
@@ -277,8 +278,44 @@ class CorrelatedField(Model):
         return tuple(g.mode_lengths for g in self.grids)
 
     def __call__(self, xi):
-        """The field, shape ``field_shape`` (one compiled program per model structure and dtype)."""
+        """The field, shape ``field_shape`` (one compiled program per model structure and dtype).
+
+        ``xi`` is a dict holding every entry of :attr:`domain` with its shape (further
+        entries are ignored); under ``jax.vmap`` the shapes are those of one latent.
+        A missing entry or a wrong shape is a ``ValueError`` naming the entry, read
+        from the static shapes only.
+        """
+        self._check_xi(xi)
         return _field_jit(self, xi)
+
+    def _check_xi(self, xi) -> None:
+        """``TypeError`` / ``ValueError`` unless ``xi`` has every domain entry with the domain's shape.
+
+        Only shapes and dtypes are read (traced values pass). A field split over devices
+        (a :class:`~shardvi.parallel.grid.Slab` entry) holds a device's rows: its shape is
+        the layout's, not checked here.
+        """
+        if not isinstance(xi, Mapping):
+            raise TypeError(
+                f"xi must be a dict of latent arrays with the entries {sorted(self.domain)}, got {type(xi).__name__}"
+            )
+        for name, want in self.domain.items():
+            if name not in xi:
+                raise ValueError(f"xi has no entry {name!r}; the model's latent has the entries {sorted(self.domain)}")
+            leaf = xi[name]
+            if is_slab(leaf):
+                continue
+            try:
+                dtype = leaf_dtype(leaf)
+            except (TypeError, ValueError):
+                dtype = None
+            if dtype is None or not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
+                raise TypeError(f"xi[{name!r}] must be a real array, got {type(leaf).__name__} with dtype {dtype}")
+            if tuple(np.shape(leaf)) != tuple(want.shape):
+                raise ValueError(
+                    f"xi[{name!r}] has shape {tuple(np.shape(leaf))}, expected {tuple(want.shape)} (the model's "
+                    "domain; map over several latents with jax.vmap)"
+                )
 
     # ---------------------------------------------------------------- pieces
     def zero_mode_std(self, xi):
@@ -294,6 +331,7 @@ class CorrelatedField(Model):
             ``P[0] = V * azm^2`` (the zero mode), ``P[1:]`` the spectral density of the
             sub-field (units field^2 * length^ndim; ``sum(mult * P) / V`` is its variance).
         """
+        self._check_xi(xi)
         return _power_spectrum_jit(self, xi, self._component(component))
 
     def _power_spectrum(self, xi, component):
@@ -308,6 +346,7 @@ class CorrelatedField(Model):
 
     def fluctuations(self, xi, component: int = 0):
         """Standard deviation of sub-domain ``component``'s sub-field (zero mode excluded)."""
+        self._check_xi(xi)
         return _fluctuations_jit(self, xi, self._component(component))
 
     def _fluctuations(self, xi, component):

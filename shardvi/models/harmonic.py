@@ -23,21 +23,15 @@ import numpy as np
 
 from ..module import Module
 from ..parallel.slab import mapped_axis_size, slab_hartley
+from .model import as_shape
 
 __all__ = ["RegularGrid", "hartley", "harmonic_to_position", "position_to_harmonic", "power_analyze"]
 
 
 def _as_shape(shape) -> tuple[int, ...]:
-    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
-        shape = (shape,)
-    try:
-        out = tuple(int(n) for n in shape)  # pyright: ignore[reportGeneralTypeIssues] -- a bool raises TypeError
-    except TypeError:
-        raise TypeError(f"shape must be an int or a sequence of ints, got {shape!r}") from None
+    out = as_shape(shape, "shape", minimum=2)
     if not out or len(out) > 3:
         raise ValueError(f"shape must have 1 to 3 axes, got {out}")
-    if any(n < 2 for n in out):
-        raise ValueError(f"shape entries must be >= 2, got {out}")
     return out
 
 
@@ -56,16 +50,27 @@ def _as_distances(distances, ndim: int) -> tuple[float, ...]:
 
 
 def _check_scales(shape, distances) -> None:
-    """``ValueError`` unless the cell volume, the total volume and the harmonic distances are normal floats."""
+    """``ValueError`` unless the grid's derived scales are normal floats.
+
+    Checked: the cell and total volumes, the harmonic distances ``dk``, their
+    squares and product (the harmonic cell volume) and the largest squared mode
+    length ``sum((N_i // 2 * dk_i)^2)``. Products are float multiplications
+    (``inf`` or ``0`` out of range, never an ``OverflowError``).
+    """
     cell = math.prod(distances)
     total = cell * math.prod(shape)
     harmonic = [1.0 / (n * d) for n, d in zip(shape, distances)]
+    k_max = [(n // 2) * h for n, h in zip(shape, harmonic)]
     tiny, huge = np.finfo(np.float64).tiny, np.finfo(np.float64).max
-    bad = [
-        f"{name} {v:.3g}"
-        for name, v in (("cell volume", cell), ("total volume", total), *(("harmonic distance", h) for h in harmonic))
-        if not (tiny <= v <= huge)
-    ]
+    scales = (
+        ("cell volume", cell),
+        ("total volume", total),
+        *(("harmonic distance", h) for h in harmonic),
+        *(("squared harmonic distance", h * h) for h in harmonic),
+        ("harmonic cell volume", math.prod(harmonic)),
+        ("largest squared |k|", sum(k * k for k in k_max)),
+    )
+    bad = [f"{name} {v:.3g}" for name, v in scales if not (tiny <= v <= huge)]
     if bad:
         raise ValueError(
             f"distances {distances} on a grid of shape {shape} give {', '.join(bad)}, outside the range of float64 "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 
 import jax
@@ -10,9 +11,57 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
 
+from .._keys import raw_key
 from ..module import Module
 
-__all__ = ["Model", "check_latent", "leaf_dtype", "normalize_domain"]
+__all__ = ["Model", "as_shape", "check_latent", "leaf_dtype", "normalize_domain"]
+
+
+def _as_int(x):
+    """``x`` as a Python int if it is an integer (Python, NumPy or a 0-d integer array), else ``None``."""
+    if isinstance(x, (bool, np.bool_)):
+        return None
+    try:
+        return operator.index(x)
+    except TypeError:
+        return None
+
+
+def as_shape(shape, argname: str = "shape", *, minimum: int = 0) -> tuple[int, ...]:
+    """A shape given as an int or a sequence of ints, as a tuple of Python ints.
+
+    Parameters
+    ----------
+    shape : int or sequence of int
+        Python or NumPy integers; an int ``n`` is the shape ``(n,)``.
+    argname : str
+        The argument's name in error messages.
+    minimum : int
+        The smallest accepted entry.
+
+    Raises
+    ------
+    TypeError
+        If ``shape`` or one of its entries is not an integer (floats and bools included).
+    ValueError
+        If an entry is below ``minimum``.
+    """
+    n = _as_int(shape)
+    if n is not None:
+        return as_shape((n,), argname, minimum=minimum)
+    bad = TypeError(f"{argname} must be an int or a sequence of ints, got {shape!r}")
+    if isinstance(shape, (str, bytes)):
+        raise bad
+    try:
+        entries = [_as_int(s) for s in shape]
+    except TypeError:
+        raise bad from None
+    out = tuple(s for s in entries if s is not None)
+    if len(out) != len(entries):
+        raise bad
+    if any(s < minimum for s in out):
+        raise ValueError(f"{argname} entries must be >= {minimum}, got {out}")
+    return out
 
 
 def normalize_domain(domain, argname: str = "domain", *, real: bool = False):
@@ -21,12 +70,14 @@ def normalize_domain(domain, argname: str = "domain", *, real: bool = False):
     ``real=True`` (a latent domain) rejects complex dtypes: the engine's prior
     is ``N(0, I)`` on real coordinates, while ``jax.random.normal`` draws a
     complex latent with unit variance split over its real and imaginary parts.
+    Leaves without elements (a shape with a 0) are rejected in any domain: a
+    latent leaf holds at least one degree of freedom, a data leaf one datum.
     """
-    leaves, treedef = jtu.tree_flatten(domain)
-    if not leaves:
+    items, treedef = jtu.tree_flatten_with_path(domain)
+    if not items:
         raise ValueError(f"{argname} must contain at least one jax.ShapeDtypeStruct leaf, got {domain!r}")
     out = []
-    for leaf in leaves:
+    for path, leaf in items:
         if isinstance(leaf, jax.ShapeDtypeStruct):
             sds = leaf
         elif hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
@@ -45,6 +96,11 @@ def normalize_domain(domain, argname: str = "domain", *, real: bool = False):
             raise TypeError(
                 f"{argname} leaves must be real (a latent xi ~ N(0, I)), got {sds.dtype}; model a "
                 f"complex field from two real latents (re + 1j * im)"
+            )
+        if math.prod(sds.shape) == 0:
+            raise ValueError(
+                f"{argname}{jtu.keystr(path)} has shape {tuple(sds.shape)}: it has no elements (every leaf "
+                "needs at least one)"
             )
         out.append(sds)
     return jtu.tree_unflatten(treedef, out)
@@ -206,7 +262,20 @@ class Model(Module):
         return self.call(xi)
 
     def init(self, key):
-        """Standard-normal latent pytree drawn with ``key`` (one subkey per leaf)."""
+        """Standard-normal latent pytree drawn with ``key`` (one subkey per leaf).
+
+        Parameters
+        ----------
+        key : jax.Array
+            One threefry2x32 key, ``jax.random.PRNGKey(seed)`` or ``jax.random.key(seed)``
+            (as for :func:`~shardvi.optimize_kl`); to draw several latents, ``jax.vmap`` over keys.
+
+        Raises
+        ------
+        TypeError
+            If ``key`` is not one such key (an int, a batch of keys, another key type).
+        """
+        raw_key(key)
         leaves, treedef = jtu.tree_flatten(self.domain)
         keys = jax.random.split(key, len(leaves))
         return jtu.tree_unflatten(treedef, [jax.random.normal(k, d.shape, d.dtype) for k, d in zip(keys, leaves)])

@@ -30,6 +30,8 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
+from .model import as_shape
+
 __all__ = ["nufft2d_type1", "nufft2d_type2", "match_vma", "complex_dtype_for"]
 
 _COMPLEX_OF = {np.dtype(np.float32): np.dtype(np.complex64), np.dtype(np.float64): np.dtype(np.complex128)}
@@ -300,10 +302,8 @@ def nufft2d_type1(c, x, y, shape, *, iflag: int = -1, eps: float = 1e-9):
 
 
 def _check_shape(shape, name: str) -> tuple[int, int]:
-    try:
-        shape = tuple(int(s) for s in shape)
-    except TypeError:
-        raise TypeError(f"{name} must be a pair of ints, got {shape!r}") from None
-    if len(shape) != 2 or any(s < 1 for s in shape):
-        raise ValueError(f"{name} must be two positive ints, got {shape}")
-    return shape
+    """A pair of positive ints (Python or NumPy); ``TypeError`` for floats or bools, ``ValueError`` otherwise."""
+    out = as_shape(shape, name, minimum=1)
+    if len(out) != 2:
+        raise ValueError(f"{name} must be two positive ints, got {out}")
+    return out  # pyright: ignore[reportReturnType] -- two entries, checked above

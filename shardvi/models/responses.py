@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..module import Module
+from .model import as_shape
 from .nufft import _check_eps, _check_shape, complex_dtype_for, match_vma, nufft2d_type1, nufft2d_type2
 
 __all__ = ["Mask", "Sampling", "NUFFTResponse", "match_vma"]
@@ -80,6 +81,15 @@ def _pixel_response(response, values):
 
 
 # ----------------------------------------------------------------------------- gather
+def _concrete(value, argname: str, owner: str) -> None:
+    """``TypeError`` where ``value`` holds traced arrays: a response's pixels are fixed when it is built."""
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(value)):
+        raise TypeError(
+            f"{owner}: {argname} is traced (built inside jax.jit, vmap or grad); its pixels are fixed when it is "
+            f"built: build it from concrete (NumPy or JAX) arrays outside JAX transformations"
+        )
+
+
 def _index_array(flat: np.ndarray) -> np.ndarray:
     return flat.astype(np.int32 if flat.size == 0 or flat.max() < 2**31 - 1 else np.int64)
 
@@ -118,6 +128,7 @@ class Mask(Module):
     _flat: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self):
+        _concrete(self.mask, "mask", "Mask")
         m = np.asarray(self.mask)
         if m.dtype != np.bool_:
             raise ValueError(f"mask must be a boolean array, got dtype {m.dtype}")
@@ -162,8 +173,8 @@ class Sampling(Module):
     ----------
     indices : sequence of ``len(shape)`` integer arrays, common shape ``K``
         Pixel index along each axis, as returned by ``np.nonzero``; repeats allowed.
-    shape : tuple of int
-        Field shape ``S``.
+    shape : int or tuple of int
+        Field shape ``S`` (Python or NumPy integers, each >= 1).
 
     Notes
     -----
@@ -176,13 +187,11 @@ class Sampling(Module):
     _flat: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self):
-        try:
-            shape = tuple(int(s) for s in self.shape)
-        except TypeError:
-            raise ValueError(f"shape must be a tuple of ints, got {self.shape!r}") from None
-        if not shape or any(s < 1 for s in shape):
+        shape = as_shape(self.shape, "shape", minimum=1)
+        if not shape:
             raise ValueError(f"shape must be non-empty positive ints, got {shape}")
         idx = self.indices
+        _concrete(idx, "indices", "Sampling")
         if isinstance(idx, (np.ndarray, jax.Array)):
             idx = list(idx)
         idx = tuple(np.asarray(i) for i in idx)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
@@ -35,7 +36,7 @@ __all__ = ["field_array", "field_model", "process_rows", "is_global", "holds_glo
 def is_global(x) -> bool:
     """Whether ``x`` is an array split over processes (e.g. a :func:`field_array`): not all of its values are
     on this process, so it is checked with compiled JAX reductions every process runs alike."""
-    return isinstance(x, jax.Array) and not x.is_fully_addressable
+    return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and not x.is_fully_addressable
 
 
 def holds_global(tree) -> bool:

@@ -8,6 +8,7 @@ keep it in memory).
 from __future__ import annotations
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
@@ -51,6 +52,12 @@ def finite_data(data, argname: str = "data"):
         raise ValueError(f"{argname} must be a non-empty array or pytree of arrays")
     out = []
     for i, leaf in enumerate(leaves):
+        if isinstance(leaf, jax.core.Tracer):
+            raise TypeError(
+                f"{argname} is traced (a likelihood built inside jax.jit, vmap or grad): build likelihoods from "
+                f"concrete arrays, outside JAX transformations (the engine passes their arrays to its compiled "
+                f"programs as arguments)"
+            )
         if is_global(leaf):
             out.append(_global_finite_data(leaf, argname, "" if len(leaves) == 1 else f" leaf {i}"))
             continue
@@ -136,6 +143,7 @@ def positive_like(value, data, argname: str, *, inverse_square: bool = False, ke
             raise TypeError(f"{argname} must be a positive number or array, got {type(v).__name__}") from err
         if host.dtype.kind not in "iuf" and not jnp.issubdtype(host.dtype, jnp.floating):
             raise TypeError(f"{argname} must be a real number or array, got {type(v).__name__} of dtype {host.dtype}")
+        _check_broadcasts(host.shape, tuple(d.shape), argname)
         with np.errstate(over="ignore", invalid="ignore"):
             wide = host.astype(np.float64)
         if not bool(np.all(np.isfinite(wide) & (wide > 0))):
@@ -154,16 +162,28 @@ def positive_like(value, data, argname: str, *, inverse_square: bool = False, ke
         if keep_scalars and host.ndim == 0:
             out.append(host)
             continue
-        try:
-            host = np.broadcast_to(host, d.shape)
-        except ValueError as err:
-            raise ValueError(
-                f"{argname} has shape {host.shape}, which does not broadcast to the data shape {d.shape}"
-            ) from err
+        host = np.broadcast_to(host, d.shape)
         if is_global(d):  # split like the data: each process makes its part of the broadcast
             host = jax.make_array_from_callback(d.shape, d.sharding, lambda index, h=host: np.asarray(h[index]))
         out.append(host)
     return jtu.tree_unflatten(treedef, out)
+
+
+def _check_broadcasts(shape: tuple, data_shape: tuple, argname: str) -> None:
+    """``ValueError`` unless an array of ``shape`` broadcasts to ``data_shape`` (one value per datum)."""
+    try:
+        fits = np.broadcast_shapes(shape, data_shape) == data_shape
+    except ValueError:
+        fits = False
+    if fits:
+        return
+    hint = ""
+    if len(data_shape) and shape == data_shape + data_shape:
+        hint = (
+            " (one value per datum: the diagonal of the noise; for a dense noise covariance pass callables, "
+            "noise_cov_inv=lambda r: ... with noise_std_inv)"
+        )
+    raise ValueError(f"{argname} has shape {shape}, which does not broadcast to the data shape {data_shape}{hint}")
 
 
 def _global_positive(v, d, argname: str, inverse_square: bool):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import time
 import warnings
@@ -52,7 +53,7 @@ from .settings import (
     raw_key,
     settings_at,
 )
-from .state import OptimizeVIState
+from .state import OptimizeVIState, check_nit
 
 __all__ = ["OptimizeVI"]
 
@@ -67,6 +68,45 @@ def _no_samples(p):
 def _key_count(samples: Samples) -> int:
     """The number of sample keys (pairs) ``samples`` carry (0 for none, e.g. before the first iteration)."""
     return samples.keys.shape[0] if samples.keys is not None and len(samples) > 0 else 0
+
+
+def check_arity(fn, n_args: int, argname: str, form: str) -> None:
+    """``TypeError`` naming ``argname`` unless ``fn`` is callable with ``n_args`` positional arguments.
+
+    ``form`` is the expected call as the message shows it (``"callback(samples, state)"``). A callable
+    whose signature cannot be inspected (some builtins and C functions) passes unchecked.
+    """
+    if not callable(fn):
+        raise TypeError(f"{argname} must be callable as {form}, got {type(fn).__name__}")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*range(n_args))
+    except TypeError as err:
+        raise TypeError(
+            f"{argname} must be callable as {form}, but its signature {signature} does not accept "
+            f"{n_args} positional arguments: {err}"
+        ) from None
+
+
+def _check_samples_arg(samples, argname: str = "samples") -> None:
+    """``TypeError`` unless ``samples`` is a :class:`Samples` (a plain position is named as such)."""
+    if not isinstance(samples, Samples):
+        raise TypeError(
+            f"{argname} must be a shardvi.Samples, got {type(samples).__name__}; to start from a position, "
+            f"pass Samples(position, residuals) with residuals of leading axis 0 (no samples yet), or call "
+            f"optimize_kl(likelihood, position, ...)"
+        )
+
+
+def _check_state(state: OptimizeVIState) -> OptimizeVIState:
+    """``state`` checked (an :class:`OptimizeVIState` with ``nit >= 0`` and a valid key), its key raw."""
+    if not isinstance(state, OptimizeVIState):
+        raise TypeError(f"state must be an OptimizeVIState (from init_state), got {type(state).__name__}")
+    check_nit(state.nit, "state.nit")
+    return state._replace(key=raw_key(state.key, "state.key"))  # a typed key is unwrapped, a bad one named
 
 
 def _platform(strategy) -> str:
@@ -352,7 +392,23 @@ class OptimizeVI:
 
     # -- state -------------------------------------------------------------------------------
     def init_state(self, key, nit: int = 0) -> OptimizeVIState:
-        """Fresh state holding the RNG ``key``."""
+        """Fresh state holding the RNG ``key``.
+
+        Parameters
+        ----------
+        key : jax key
+            One threefry2x32 key (``jax.random.PRNGKey(seed)`` or ``jax.random.key(seed)``).
+        nit : int
+            Completed global iterations (>= 0): the iteration the next :meth:`update` runs.
+
+        Raises
+        ------
+        TypeError
+            ``key`` is not one threefry key; ``nit`` is not an int.
+        ValueError
+            ``nit`` is negative.
+        """
+        check_nit(nit, "nit")
         return OptimizeVIState(nit=int(nit), key=raw_key(key), history=())
 
     def _settings(self, nit) -> IterationSettings:
@@ -432,6 +488,25 @@ class OptimizeVI:
         self._warn_unconverged(status, iteration, "sampling (geoVI update)", "nonlinear_update", nonlin)
         return r, np.asarray(nit).tolist(), status
 
+    def _check_continued(self, samples: Samples, mode: SampleMode, n: int, iteration: int) -> None:
+        """``ValueError`` where iteration ``iteration`` curves ``samples``' residuals again (``nonlinear_update``)
+        but they are mirrored otherwise than this run's ``mirror_samples`` (before any work)."""
+        keys = _key_count(samples)
+        if plan_samples(mode, n, keys).source is not SampleSource.UPDATE:
+            return
+        n_res, per_key = len(samples), 2 if self.mirror_samples else 1
+        if n_res == per_key * keys:
+            return
+        held = f"the samples given hold {n_res} residuals for {keys} keys"
+        if n_res not in (keys, 2 * keys):
+            raise ValueError(f"{held}: expected {per_key * keys} with mirror_samples={self.mirror_samples}")
+        mirrored = n_res == 2 * keys
+        raise ValueError(
+            f"{held}: they come from a run with mirror_samples={mirrored}, and sample_mode 'nonlinear_update' "
+            f"(iteration {iteration}) would continue them with mirror_samples={self.mirror_samples}; pass "
+            f"mirror_samples={mirrored} or start from a position (samples.pos) to draw fresh samples"
+        )
+
     def _warn_unconverged(self, codes, iteration, stage, field, config):
         """One :class:`~shardvi.ConvergenceWarning` per stage and run, at its first unconverged solve."""
         if stage in self._warned:
@@ -471,7 +546,17 @@ class OptimizeVI:
         return signs.astype(jax.dtypes.canonicalize_dtype(np.float64))
 
     def update(self, samples: Samples, state: OptimizeVIState) -> tuple[Samples, OptimizeVIState]:
-        """One global iteration: draw/update samples, then minimize the KL."""
+        """One global iteration: draw/update samples, then minimize the KL.
+
+        Raises
+        ------
+        TypeError
+            ``samples`` is not a :class:`Samples`; ``state`` is not an :class:`OptimizeVIState`.
+        ValueError
+            ``state.nit`` is negative; the iteration continues ``samples`` (``nonlinear_update``) whose
+            residuals are mirrored otherwise than ``mirror_samples`` says.
+        """
+        _check_samples_arg(samples)
         with self._session(leave=False):
             samples, state, line = self._iterate(_Handover(samples), state)
             self._end_iteration(state, line)
@@ -491,14 +576,12 @@ class OptimizeVI:
         kept none (:meth:`run`) frees their residuals before the KL step allocates. Returns the
         iteration's log line too (the caller ends the display's iteration with it).
         """
-        if not isinstance(state, OptimizeVIState):
-            raise TypeError(f"state must be an OptimizeVIState (from init_state), got {type(state).__name__}")
-        if isinstance(state.nit, bool) or not isinstance(state.nit, (int, np.integer)) or state.nit < 0:
-            raise ValueError(f"state.nit must be an int >= 0, got {state.nit!r}")
-        state = state._replace(key=raw_key(state.key, "state.key"))  # a typed key is unwrapped, a bad one named
+        state = _check_state(state)
         samples = handover.take()
         t0 = time.perf_counter()
         nit = state.nit
+        mode, n, lin, nonlin, klc = self._settings(nit)
+        self._check_continued(samples, mode, n, nit)
         display = self._display
         assert display is not None  # opened by _session
         display.start_iteration(nit, self.n_total_iterations)
@@ -508,7 +591,6 @@ class OptimizeVI:
                 if self.likelihood.layout.needs_row_check(getattr(strat, "model_shards", 1)):
                     self._stage("checking the model's rows")
                     check_row_local(self.likelihood, strat, samples.pos)
-        mode, n, lin, nonlin, klc = self._settings(nit)
         self._precompile_ahead(samples, state)
         key, k_samples = jax.random.split(state.key)
         samples, cg_nit, nl_nit, mode, cg_st, nl_st = self._draw_samples(samples, k_samples, mode, n, lin, nonlin, nit)
@@ -557,7 +639,26 @@ class OptimizeVI:
         run and every checkpoint carries ``fingerprint`` (default: that of
         this optimizer and ``samples.pos``). Unlike :func:`optimize_kl`, this
         does not refuse a directory that holds another run's checkpoint.
+
+        Raises
+        ------
+        TypeError
+            ``samples``, ``state`` or ``callback`` (``callback(samples, state)``,
+            called after every iteration) is of the wrong kind; checked
+            before the first iteration.
+        ValueError
+            ``state.nit`` is above ``n_total_iterations`` (a state of exactly
+            ``n_total_iterations`` returns ``samples`` and ``state``).
         """
+        if not isinstance(samples, _Handover):
+            _check_samples_arg(samples)
+        state = _check_state(state)
+        if state.nit > self.n_total_iterations:
+            raise ValueError(
+                f"state.nit={state.nit} completed iterations is above n_total_iterations={self.n_total_iterations}"
+            )
+        if callback is not None:
+            check_arity(callback, 2, "callback", "callback(samples, state)")
         with self._session(leave=True):
             self._in_run = True
             try:

@@ -541,11 +541,28 @@ def _expanded(mask, x):
 
 
 def _call_on_grid(model, xi, observed):
-    """``model(xi)``, its Mask / Sampling returning its input on the grid where ``observed`` is given."""
-    if observed is None:
-        return model(xi)
-    with pixels_on_grid(observed):
-        return model(xi)
+    """``model(xi)``, its Mask / Sampling returning its input on the grid where ``observed`` is given.
+
+    A model that applies array operations to a grid leaf of ``xi`` itself (instead of passing it to a
+    correlated field, which reads its rows) fails on the ``Slab`` it receives: ``ValueError`` naming the leaf.
+    """
+    try:
+        if observed is None:
+            return model(xi)
+        with pixels_on_grid(observed):
+            return model(xi)
+    except TypeError as err:
+        if "Slab" not in str(err):
+            raise
+        paths = [
+            jtu.keystr(p) or "the latent" for p, x in jtu.tree_flatten_with_path(xi, is_leaf=is_slab)[0] if is_slab(x)
+        ]
+        raise ValueError(
+            f"field_blocks: the latent leaves of the grid's shape ({', '.join(paths)}) are split into blocks of rows, "
+            f"which only a correlated field reads (sv.CorrelatedFieldMaker: its excitations); the model applies an "
+            f"operation to one directly ({err}). Make the grid-shaped latents the excitations of a correlated field, "
+            f"give other latents a shape other than the grid's, or amend without field_blocks"
+        ) from None
 
 
 def _whole_model(model, layout: GridLayout, observed, out_shapes, xi):

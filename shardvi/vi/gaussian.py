@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
 
@@ -37,7 +39,13 @@ class Gaussian(Likelihood):
         callable needs ``noise_std_inv`` (``r -> N^{-1/2} r``, self-adjoint)
         for sampling. Give exactly one of ``noise_std`` and ``noise_cov_inv``.
     noise_std_inv : callable, optional, keyword-only
-        ``r -> N^{-1/2} r`` (self-adjoint), required with a callable ``noise_cov_inv``.
+        ``r -> N^{-1/2} r`` (self-adjoint), required with a callable ``noise_cov_inv``
+        and only with it. Both callables are checked when the likelihood is built:
+        traced on the data's shapes (they must return the data's structure, shapes
+        and dtypes) and, for data held by this process, applied to two random
+        residuals ``u, v``, where ``N^{-1}`` and ``N^{-1/2}`` must be self-adjoint
+        and ``<N^{-1/2} u, N^{-1/2} v> = <u, N^{-1} v>``, to a relative ``1e-6``
+        (``1e-3`` for single-precision data).
     noise_log_det : float, optional, keyword-only
         ``log det N`` (over the data's real components) for a callable
         ``noise_cov_inv``: only the :meth:`normalization` (the evidence) needs
@@ -69,6 +77,12 @@ class Gaussian(Likelihood):
             raise ValueError("give exactly one of noise_std and noise_cov_inv")
         self.data = d
         self.noise_std = self.inv_std = self.noise_cov_inv = self.sqrt_noise_cov_inv = None
+        if noise_std_inv is not None and not callable(noise_cov_inv):
+            raise ValueError(
+                "noise_std_inv goes with a callable noise_cov_inv (r -> N^{-1} r); with "
+                + ("noise_std" if noise_std is not None else "an array noise_cov_inv")
+                + " the likelihood takes its square root itself: drop noise_std_inv"
+            )
         if noise_std is not None:
             std = positive_like(
                 noise_std, d, "noise_std", inverse_square=True, keep_scalars=True
@@ -76,8 +90,14 @@ class Gaussian(Likelihood):
             self.noise_std = to_device(std)
             self.inv_std = to_device(jtu.tree_map(lambda x: 1.0 / x, std))  # in NumPy: correctly rounded
         elif callable(noise_cov_inv):
-            if not callable(noise_std_inv):
+            if noise_std_inv is None:
                 raise ValueError("a callable noise_cov_inv needs noise_std_inv (r -> N^{-1/2} r) as well")
+            if not callable(noise_std_inv):
+                raise TypeError(
+                    f"noise_std_inv must be a callable r -> N^{{-1/2}} r (with a callable noise_cov_inv), got "
+                    f"{type(noise_std_inv).__name__}"
+                )
+            _check_noise_callables(noise_cov_inv, noise_std_inv, d)
             self.noise_cov_inv, self.sqrt_noise_cov_inv = noise_cov_inv, noise_std_inv
         else:
             prec_host = positive_like(noise_cov_inv, d, "noise_cov_inv", keep_scalars=True)
@@ -169,3 +189,75 @@ def _at_data_shapes(noise, data):
     """``noise`` leaves broadcast (NumPy views) to the shapes of the ``data`` leaves (an array split over
     processes has them already: kept)."""
     return jtu.tree_map(lambda w, d: w if is_global(w) else np.broadcast_to(np.asarray(w), np.shape(d)), noise, data)
+
+
+def _check_noise_callables(cov_inv: Callable, std_inv: Callable, data) -> None:
+    """``Gaussian``: the noise callables map data-shaped residuals to data-shaped results, and are consistent.
+
+    Both are traced on the data's shapes (``jax.eval_shape``: no computation), then, for data held
+    by this process, applied to two random residuals ``u, v``: ``N^{-1/2}`` must be self-adjoint and
+    square to ``N^{-1}`` (``<u, S v> = <S u, v>``, ``<S u, S v> = <u, N^{-1} v>``), and ``N^{-1}``
+    self-adjoint, to a relative ``1e-6`` (``1e-3`` in single precision) of ``|u| |result|``.
+    """
+    spec = jtu.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), data)
+    want = jtu.tree_structure(spec), [(s.shape, s.dtype) for s in jtu.tree_leaves(spec)]
+    for name, fn in (("noise_cov_inv", cov_inv), ("noise_std_inv", std_inv)):
+        try:
+            out = jax.eval_shape(fn, spec)
+        except Exception as err:  # the user's function, traced once on the data's shapes
+            raise ValueError(
+                f"{name} failed on a residual of the data's shapes {[s for s, _ in want[1]]}: "
+                f"{type(err).__name__}: {err}"
+            ) from err
+        got = jtu.tree_structure(out), [(tuple(o.shape), o.dtype) for o in jtu.tree_leaves(out)]
+        if got != want:
+            raise ValueError(
+                f"{name} must return a residual of the data's structure, shapes and dtypes "
+                f"{[(s, str(t)) for s, t in want[1]]}, got {[(s, str(t)) for s, t in got[1]]}"
+            )
+    if any(is_global(x) for x in jtu.tree_leaves(data)):
+        return  # each process holds a part of the data: the shapes are checked, the values are the user's
+    rng = np.random.default_rng(0)
+
+    def draw():
+        def leaf(x):
+            x = np.asarray(x)
+            v = rng.standard_normal(x.shape)
+            if np.iscomplexobj(x):
+                v = v + 1j * rng.standard_normal(x.shape)
+            return jnp.asarray(v.astype(x.dtype))
+
+        return jtu.tree_map(leaf, data)
+
+    def dot(a, b):  # the real inner product, in float64 on the host (non-finite values are reported below)
+        with np.errstate(all="ignore"):
+            pairs = zip(jtu.tree_leaves(a), jtu.tree_leaves(b))
+            return float(sum(np.sum(np.real(np.conj(np.asarray(x, np.complex128)) * np.asarray(y))) for x, y in pairs))
+
+    def norm(a):
+        return math.sqrt(max(dot(a, a), 0.0))
+
+    u, v = draw(), draw()
+    su, sv, nv, nu = std_inv(u), std_inv(v), cov_inv(v), cov_inv(u)
+    single = any(jnp.finfo(jnp.result_type(x)).bits < 64 for x in jtu.tree_leaves(data))
+    tol = 1e-3 if single else 1e-6
+    checks = (
+        (
+            "noise_cov_inv is not self-adjoint (<u, N^{-1} v> != <N^{-1} u, v>)",
+            dot(u, nv),
+            dot(nu, v),
+            norm(u) * norm(nv),
+        ),
+        ("noise_std_inv is not self-adjoint (<u, S v> != <S u, v>)", dot(u, sv), dot(su, v), norm(u) * norm(sv)),
+        (
+            "noise_std_inv is not the square root of noise_cov_inv (<S u, S v> != <u, N^{-1} v>)",
+            dot(su, sv),
+            dot(u, nv),
+            norm(u) * norm(nv),
+        ),
+    )
+    for what, a, b, scale in checks:
+        if not (math.isfinite(a) and math.isfinite(b)):
+            raise ValueError("noise_cov_inv or noise_std_inv gives non-finite values on finite residuals")
+        if abs(a - b) > tol * max(scale, np.finfo(np.float64).tiny):
+            raise ValueError(f"{what}: {a:.6g} vs {b:.6g} at two random residuals")

@@ -36,6 +36,17 @@ def _shape_tree(tree):
     return jtu.tree_map(lambda d: (tuple(d.shape), _kind(d.dtype)), tree)
 
 
+def _check_same_domain_dtypes(a, b, what: str) -> None:
+    """``a + b``: the latents both parts read must have one dtype (a sum cannot cast one part's latents)."""
+    da = [jnp.dtype(d.dtype) for d in jtu.tree_leaves(a)]
+    db = [jnp.dtype(d.dtype) for d in jtu.tree_leaves(b)]
+    if da != db:
+        raise TypeError(
+            f"likelihoods disagree on the dtype of {what}: {[str(d) for d in da]} vs {[str(d) for d in db]}; "
+            f"give both models latents of one dtype"
+        )
+
+
 def _check_same_dtypes(target, domain) -> None:
     """``amend``: the model's output dtypes must be the data's, leaf by leaf (no implicit casts).
 
@@ -575,11 +586,13 @@ class SumLikelihood(Likelihood):
                 "data of a split likelihood into one likelihood (one data axis or grid), or amend without blocks"
             )
         if _shape_tree(a.domain) == _shape_tree(b.domain):
+            _check_same_domain_dtypes(a.domain, b.domain, "the domain")
             domain, keys_a, keys_b = a.domain, None, None
         elif isinstance(a.domain, dict) and isinstance(b.domain, dict):
             for k in set(a.domain) & set(b.domain):
                 if _shape_tree(a.domain[k]) != _shape_tree(b.domain[k]):
                     raise ValueError(f"likelihoods disagree on the shape of domain entry {k!r}")
+                _check_same_domain_dtypes(a.domain[k], b.domain[k], f"domain entry {k!r}")
             domain, keys_a, keys_b = {**a.domain, **b.domain}, tuple(a.domain), tuple(b.domain)
         else:
             raise ValueError(

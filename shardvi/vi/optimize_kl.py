@@ -18,7 +18,7 @@ from ..minimizers.minimizer import Minimizer
 from ..models.model import check_latent
 from ..parallel.strategy import Strategy
 from . import checkpoint as ckpt
-from .engine import OptimizeVI, _Handover, _no_samples, run_fingerprint
+from .engine import OptimizeVI, _Handover, _no_samples, check_arity, run_fingerprint
 from .errors import (
     NonFiniteError,
     NonPositiveCurvatureError,
@@ -152,7 +152,9 @@ def optimize_kl(
         otherwise :class:`CheckpointError` lists what differs. ``"force"``
         resumes despite such differences (with a warning); a different latent
         structure never loads. On resume ``key`` is not used: the
-        checkpoint's RNG state continues.
+        checkpoint's RNG state continues. A checkpoint of more completed
+        iterations than ``n_total_iterations`` is a ``ValueError`` (one of
+        exactly ``n_total_iterations`` returns its result).
     overwrite : bool
         With ``resume=False`` (a new run), a ``checkpoint_dir`` that already
         holds a checkpoint is refused with :class:`CheckpointError` unless
@@ -160,7 +162,9 @@ def optimize_kl(
         npz files (listed in its index) are pruned as new ones are written,
         other files are never touched.
     callback : callable(samples, state), optional
-        Called after every iteration.
+        Called after every iteration. Its signature is checked before any
+        work (where it can be inspected): it must accept two positional
+        arguments.
     compiler_options : dict, optional
         Extra XLA options for the compiled sampling and KL steps, merged over
         :data:`shardvi.parallel.REPRODUCIBLE_COMPILER_OPTIONS` and, on CPU,
@@ -232,8 +236,8 @@ def optimize_kl(
     -------
     (Samples, OptimizeVIState)
     """
-    if callback is not None and not callable(callback):
-        raise TypeError(f"callback must be callable(samples, state), got {type(callback).__name__}")
+    if callback is not None:
+        check_arity(callback, 2, "callback", "callback(samples, state)")
     check_resume(resume, overwrite, checkpoint_dir)
     cache = contextlib.nullcontext()
     if compilation_cache_dir is not None:
@@ -297,6 +301,7 @@ def optimize_kl(
                 samples, state = ckpt.load_checkpoint(
                     source, pos, fingerprint=fingerprint, check_history=functools.partial(_history_differences, opt)
                 )
+                _check_not_beyond(state.nit, opt.n_total_iterations, source)
                 logger.info("resuming from %s at iteration %d, writing to %s", source, state.nit, directory)
             elif ckpt.has_checkpoint(directory):
                 if resume:
@@ -307,6 +312,7 @@ def optimize_kl(
                         force=resume == "force",
                         check_history=functools.partial(_history_differences, opt),
                     )
+                    _check_not_beyond(state.nit, opt.n_total_iterations, directory)
                     logger.info("resuming from %s at iteration %d", directory, state.nit)
                 elif not overwrite:
                     raise ckpt.CheckpointError(_refusal(directory))
@@ -323,6 +329,16 @@ def optimize_kl(
                 callback=callback,
                 fingerprint=fingerprint,
             )
+
+
+def _check_not_beyond(nit: int, n_total_iterations: int, directory) -> None:
+    """``ValueError`` where the resumed checkpoint has completed more iterations than the run asks for."""
+    if nit > n_total_iterations:
+        raise ValueError(
+            f"n_total_iterations={n_total_iterations} is below the {nit} iterations the checkpoint in "
+            f"{os.fsdecode(os.fspath(directory))!r} has completed: pass n_total_iterations >= {nit} to resume it "
+            f"(= {nit} returns its result), or resume=False with overwrite=True to start afresh"
+        )
 
 
 def _check_same_iteration(nit, directory) -> None:

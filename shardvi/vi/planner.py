@@ -29,6 +29,7 @@ from jax import tree_util as jtu
 
 from ..minimizers.cg import CGConfig
 from ..minimizers.newton_cg import NewtonCGConfig
+from ..models.model import check_latent
 from ..parallel.field_arrays import holds_global
 from ..parallel.memory import format_bytes, tree_bytes
 from ..parallel.memory import memory_limit as device_memory_limit  # plan's argument has the function's name
@@ -36,7 +37,7 @@ from ..parallel.mesh import check_devices
 from ..parallel.shard_map import ShardMap
 from ..parallel.strategy import Strategy, place
 from ..parallel.vmap import Vmap
-from .likelihood import Likelihood
+from .likelihood import Likelihood, amend_hint
 from .modes import parse_sample_mode
 from .settings import DEFAULT_KL_MINIMIZATION, DEFAULT_LINEAR_SAMPLING, DEFAULT_NONLINEAR_UPDATE
 
@@ -341,6 +342,7 @@ def _plan(
     parse_sample_mode(sample_mode)
     devs = check_devices(devices, "devices") or tuple(jax.devices())
     limit, source = device_memory_limit(devs, memory_limit)
+    check_latent(position, likelihood.domain, "position", hint=amend_hint(likelihood))  # as optimize_kl does
     pos = jtu.tree_map(lambda x, d: jnp.asarray(x, d.dtype), position, likelihood.domain)
     across = holds_global((likelihood, position))
     todo = _candidates(likelihood, devs, n_samples, mirror, across)

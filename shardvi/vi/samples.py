@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 
 import jax
@@ -92,6 +93,45 @@ def check_samples(pos, residuals, keys=None) -> None:
         )
 
 
+def _sample_index(index, n: int):
+    """``index`` checked against ``n`` samples (see :meth:`Samples.__getitem__`); a concrete scalar as an int."""
+    what = "Samples index must be an integer, a slice or an integer or boolean array"
+    if isinstance(index, slice):
+        for part in (index.start, index.stop, index.step):
+            if part is not None and (isinstance(part, (bool, np.bool_)) or not hasattr(part, "__index__")):
+                raise TypeError(f"{what}; the slice {index} has a {type(part).__name__} bound")
+        if index.step is not None and operator.index(index.step) == 0:
+            raise ValueError("Samples index: slice step cannot be zero")
+        return index
+    if isinstance(index, list):
+        index = np.asarray(index) if index else np.zeros((0,), np.intp)
+    dtype = getattr(index, "dtype", None)
+    if dtype is None:  # Python scalars and other objects
+        if isinstance(index, bool) or not hasattr(index, "__index__"):
+            raise TypeError(f"{what}, got {type(index).__name__} {index!r}")
+        index = operator.index(index)
+        if not -n <= index < n:
+            raise IndexError(f"Samples index {index} is out of range for {n} sample(s)")
+        return index
+    is_bool = jnp.issubdtype(dtype, jnp.bool_)
+    if not is_bool and not jnp.issubdtype(dtype, jnp.integer):
+        raise TypeError(f"{what}, got an index of dtype {dtype}")
+    if is_bool and np.ndim(index) == 0:
+        raise TypeError(f"{what}, got the bool {index!r}")
+    try:
+        host = np.asarray(index)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return index  # traced: its values are unknown here
+    if is_bool:
+        if host.shape != (n,):
+            raise IndexError(f"Samples boolean index has shape {host.shape}, expected ({n},): one entry per sample")
+        return index
+    bad = host[(host < -n) | (host >= n)]
+    if bad.size:
+        raise IndexError(f"Samples index {int(bad.ravel()[0])} is out of range for {n} sample(s)")
+    return int(host) if host.ndim == 0 else index
+
+
 def interleave_pairs(r):
     """``[r_0, -r_0, r_1, -r_1, ...]`` along the leading axis: the antithetic samples of residuals ``r``."""
     return jtu.tree_map(lambda x: jnp.stack([x, -x], axis=1).reshape((-1,) + x.shape[1:]), r)
@@ -155,8 +195,35 @@ class Samples:
         for i in range(n):
             yield jtu.tree_map(lambda x: x[i], stacked)  # noqa: B023 -- called at once
 
-    def __getitem__(self, i):
-        return jtu.tree_map(lambda x: x[i], self.samples)
+    def __getitem__(self, index):
+        """Sample ``index`` (``pos + residuals[index]``), or the samples an index array or slice selects, stacked.
+
+        Parameters
+        ----------
+        index : int, slice, integer or boolean array, or tuple
+            Indexes the ``max(len(self), 1)`` samples (with no residuals the
+            one sample is ``pos``) with NumPy's rules: negative integers count
+            from the end, slices clip, a boolean mask has one entry per
+            sample. In a tuple ``(index, *rest)``, ``rest`` indexes every
+            leaf of the selected samples. A traced integer index (under
+            ``jax.jit``) is not range-checked.
+
+        Raises
+        ------
+        IndexError
+            An integer out of range; a boolean mask of another length.
+        TypeError
+            Any other index (a float, a bool, ``None``).
+        ValueError
+            A slice step of zero.
+        """
+        rest = ()
+        if isinstance(index, tuple):
+            if not index:
+                raise TypeError("Samples index must select samples, got the empty tuple ()")
+            index, rest = index[0], index[1:]
+        index = _sample_index(index, max(len(self), 1))
+        return jtu.tree_map(lambda x: x[(index, *rest)], self.samples)
 
     def at(self, pos) -> Samples:
         """The same residuals around a new position (same structure, shapes and dtypes as ``self.pos``)."""

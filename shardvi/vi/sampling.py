@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
@@ -14,6 +15,7 @@ from ..minimizers.cg import CGConfig, CGResult, conjugate_gradient
 from ..minimizers.newton_cg import NewtonCGConfig, newton_cg
 from ..minimizers.solution import Solution
 from ..models.model import check_latent
+from ..parallel.grid import is_slab
 from .defaults import DEFAULT_LINEAR_SAMPLING, DEFAULT_NONLINEAR_UPDATE
 from .likelihood import Likelihood
 from .masks import project
@@ -22,12 +24,14 @@ __all__ = ["metric_sample", "draw_linear_residual", "nonlinearly_update_residual
 
 
 def _check_inputs(lh, pos, key, config, config_type, *, residual=None, sign=None) -> None:
-    """Shapes, dtypes and types of the public sampling functions' inputs (no values read: traced inputs pass)."""
+    """Shapes, dtypes and types of the public sampling functions' inputs, and the finiteness of ``pos`` and
+    ``residual`` where their values are known (traced inputs, e.g. under ``vmap``, pass)."""
     if not isinstance(lh, Likelihood):
         raise TypeError(f"likelihood must be a shardvi Likelihood, got {type(lh).__name__}")
-    check_latent(pos, lh.domain, "pos", finite=False, exact_dtype=True)
-    if residual is not None:
-        check_latent(residual, lh.domain, "residual", finite=False, exact_dtype=True)
+    for name, x in (("pos", pos), ("residual", residual)):
+        if x is not None:
+            known = not any(isinstance(v, jax.core.Tracer) for v in jtu.tree_leaves(x))
+            check_latent(x, lh.domain, name, finite=known, exact_dtype=True)
     kdtype = getattr(key, "dtype", None)
     typed = kdtype is not None and jax.dtypes.issubdtype(kdtype, jax.dtypes.prng_key)  # pyright: ignore[reportPrivateImportUsage] -- public jax API
     raw = not typed and kdtype == np.uint32
@@ -39,16 +43,42 @@ def _check_inputs(lh, pos, key, config, config_type, *, residual=None, sign=None
             f"jax.random.key), got {type(key).__name__} of dtype {kdtype} and shape "
             f"{np.shape(key)}{batch}"
         )
-    if sign is not None and (np.shape(sign) != () or isinstance(sign, bool)):
-        raise TypeError(f"metric_sample_sign must be a scalar (+1 or -1), got shape {np.shape(sign)}")
+    if sign is not None:
+        _check_sign(sign)
     if not isinstance(config, config_type):
         raise TypeError(f"config must be a {config_type.__name__}, got {type(config).__name__}")
 
 
+def _check_sign(sign) -> None:
+    """``metric_sample_sign``: a real scalar, ``+1`` or ``-1`` where its value is known (a traced one passes)."""
+    dtype = getattr(sign, "dtype", None)
+    if isinstance(sign, bool) or not (
+        isinstance(sign, (int, float, np.integer, np.floating))
+        or (dtype is not None and (jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating)))
+    ):
+        raise TypeError(f"metric_sample_sign must be a real scalar, +1 or -1, got {type(sign).__name__}")
+    if np.shape(sign) != ():
+        raise TypeError(f"metric_sample_sign must be a scalar (+1 or -1), got shape {np.shape(sign)}")
+    try:
+        value = float(sign)
+    except jax.errors.ConcretizationTypeError:  # traced (e.g. mapped over the samples): checked by its caller
+        return
+    if value not in (1.0, -1.0):
+        raise ValueError(f"metric_sample_sign must be +1 or -1 (the sample or its mirror), got {sign}")
+
+
 def _keep(lh, sample_mask):
+    """``sample_mask`` checked: one Python / NumPy bool per leaf of ``lh.domain`` (all True when ``None``)."""
     if sample_mask is None:
         return jax.tree_util.tree_map(lambda _: True, lh.domain)
-    return sample_mask
+    want = jtu.tree_structure(lh.domain, is_leaf=is_slab)  # a field split's row blocks: one leaf
+    flags, got = jtu.tree_flatten(sample_mask)
+    if got != want:
+        raise ValueError(f"sample_mask must have the structure of the likelihood's domain {want}, got {got}")
+    bad = [type(f).__name__ for f in flags if not isinstance(f, (bool, np.bool_))]
+    if bad:
+        raise TypeError(f"sample_mask must hold one bool per latent leaf (True: sampled), got {bad[0]}")
+    return jtu.tree_unflatten(got, [bool(f) for f in flags])
 
 
 def _metric_sample_parts(lh: Likelihood, lsm, key, keep):

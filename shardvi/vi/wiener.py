@@ -293,8 +293,9 @@ def wiener_filter_posterior(
         raise ValueError(f"n_samples must be >= 0, got {n_samples}")
     if not isinstance(cg, CGConfig):
         raise TypeError(f"cg must be a CGConfig, got {type(cg).__name__}")
-    if not isinstance(mirror_samples, bool):
-        raise TypeError(f"mirror_samples must be a bool, got {type(mirror_samples).__name__}")
+    for name, flag in (("mirror_samples", mirror_samples), ("check_linear", check_linear)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
     key = raw_key(key)
     if position is None:
         position = jtu.tree_map(lambda d: jnp.zeros(d.shape, d.dtype), lh.domain)

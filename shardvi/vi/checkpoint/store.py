@@ -14,7 +14,7 @@ from jax import tree_util as jtu
 
 from ..diagnostics import IterationReport
 from ..samples import Samples
-from ..state import OptimizeVIState
+from ..state import OptimizeVIState, check_nit, raw_key
 from .files import _INDEX, FORMAT, CheckpointError, _atomic_write, _on_host, _sha256, _structure, check_path
 from .fingerprints import _fingerprint_differences
 from .index import _owned_files, _read_index
@@ -27,7 +27,7 @@ logger = logging.getLogger("shardvi")
 _KEEP = 2
 
 
-def save_checkpoint(directory, samples: Samples, state, *, fingerprint: dict | None = None) -> str:
+def save_checkpoint(directory, samples: Samples, state: OptimizeVIState, *, fingerprint: dict | None = None) -> str:
     """Write ``samples`` and an ``OptimizeVIState`` to ``directory``; returns the npz path.
 
     Holds the directory's lock while writing (re-entrant: a run that holds it
@@ -44,7 +44,27 @@ def save_checkpoint(directory, samples: Samples, state, *, fingerprint: dict | N
     state : OptimizeVIState
     fingerprint : dict, optional
         From :func:`fingerprint`; checked by :func:`load_checkpoint`.
+
+    Raises
+    ------
+    TypeError
+        ``samples`` is not a :class:`~shardvi.Samples`, ``state`` not an
+        :class:`~shardvi.OptimizeVIState`, ``state.nit`` not an int or
+        ``state.key`` not one threefry key (checked before anything is
+        written).
+    ValueError
+        ``state.nit`` is negative.
+    CheckpointError
+        The directory cannot be created or written.
     """
+    if not isinstance(samples, Samples):
+        raise TypeError(f"samples must be a shardvi.Samples, got {type(samples).__name__}")
+    if not isinstance(state, OptimizeVIState):
+        raise TypeError(
+            f"state must be an OptimizeVIState (e.g. from OptimizeVI.init_state), got {type(state).__name__}"
+        )
+    check_nit(state.nit, "state.nit")
+    state_key = np.asarray(raw_key(state.key, "state.key"))
     d = check_path(directory, "directory")
     try:
         os.makedirs(d, exist_ok=True)
@@ -57,7 +77,7 @@ def save_checkpoint(directory, samples: Samples, state, *, fingerprint: dict | N
         arrays[f"residuals_{i}"] = _on_host(x)
     keys = samples.keys if samples.keys is not None else np.zeros((0, 2), np.uint32)
     arrays["keys"] = np.asarray(keys)
-    arrays["state_key"] = np.asarray(state.key)
+    arrays["state_key"] = state_key
     name = f"state-{int(state.nit):06d}.npz"
     path = os.path.join(d, name)
     with checkpoint_lock(d):
