@@ -666,3 +666,27 @@ def test_responses_built_from_traced_pixels_are_a_clear_error():
         jax.jit(lambda m: sv.Mask(m)(jnp.ones(8)))(jnp.ones(8, bool))
     mask = sv.Mask(np.arange(8) != 2)  # built outside, passed through jit as a pytree: fine
     np.testing.assert_array_equal(jax.jit(lambda r, x: r(x))(mask, jnp.arange(8.0)), [0, 1, 3, 4, 5, 6, 7])
+
+
+def test_nufft_points_given_as_lists_are_arrays():
+    r = sv.NUFFTResponse([1.0, 2.0], [1.0, 3.0], (4, 4), 0.01)
+    image = jnp.ones((4, 4))
+    np.testing.assert_array_equal(r(image, {"u": [1.0, 2.0], "v": [1.0, 3.0]}), r(image))
+    with pytest.raises(TypeError, match="u must be a real array"):
+        sv.NUFFTResponse(["a"], [1.0], (4, 4), 0.01)
+
+
+def test_field_array_casts_only_where_the_values_survive():
+    strat = sv.parallel.ShardMap(devices=jax.devices()[:4], model_shards=2)
+
+    def fill(value):
+        return lambda rows: np.full((rows.stop - rows.start, 4), value)
+
+    with pytest.raises(ValueError, match="int64 do not fit in int32"):
+        sv.parallel.field_array(strat, (8, 4), fill(2**40), dtype=np.int32)
+    with pytest.raises(TypeError, match="complex128 cannot become float64"):
+        sv.parallel.field_array(strat, (8, 4), fill(1 + 2j), dtype=np.float64)
+    with pytest.raises(ValueError, match="float64 do not fit in float32"):
+        sv.parallel.field_array(strat, (8, 4), fill(1e300), dtype=np.float32)
+    a = sv.parallel.field_array(strat, (8, 4), fill(7), dtype=np.float32)
+    assert a.dtype == np.float32 and np.all(np.asarray(a) == 7)

@@ -888,3 +888,46 @@ def test_declared_transformation_square_roots_are_the_transformations_vjp(case):
     assert lh._lsm_from_transformation == c.lh._lsm_from_transformation == same
     # the variable-covariance Gaussian's square root is not its transformation's (the others' are)
     assert same == (not isinstance(c.lh, sv.VariableCovarianceGaussian))
+
+
+@pytest.mark.parametrize("dof", [3.0, 150.0, 1e6, 1e14, 1e16])
+def test_student_t_normalization_is_scipys_for_any_dof(dof):
+    """Energy + normalization is ``-sum log t.pdf``; for large ``dof`` the ``log Gamma`` difference of the
+    normalization comes from its series (it cancels to nothing in float64 at 1e16)."""
+    d = np.array([0.3, -1.2, 2.5, 0.1])
+    lh = sv.StudentT(d, dof, 0.5)
+    want = -st.t.logpdf(d, dof, scale=0.5).sum()
+    np.testing.assert_allclose(float(lh.energy(jnp.zeros(4))) + lh.normalization(), want, rtol=1e-13)
+    vc = sv.VariableCovarianceStudentT(d, dof)
+    got = float(vc.energy((jnp.zeros(4), jnp.full(4, 0.5)))) + vc.normalization()
+    np.testing.assert_allclose(got, want, rtol=1e-13)
+
+
+def test_student_t_energy_is_finite_where_the_squared_residual_overflows():
+    """``log1p(r^2 / dof)`` from ``log|r|`` where ``r^2`` overflows: finite energy and gradient, equal to the
+    closed form; the bits elsewhere are the plain expression's."""
+    d = np.array([1e200, 1.0, -2.0, 0.5])
+    lh = sv.StudentT(d, 3.0, 2.0)
+    r = d / 2.0
+    want = 0.5 * 4 * (2 * np.log(np.abs(r[0])) - np.log(3.0)) + 0.5 * 4 * np.sum(np.log1p(r[1:] ** 2 / 3))
+    np.testing.assert_allclose(float(lh.energy(jnp.zeros(4))), want, rtol=1e-14)
+    g = np.asarray(jax.grad(lh.energy)(jnp.zeros(4)))
+    np.testing.assert_allclose(g[0], -4.0 / d[0], rtol=1e-12)
+    small = sv.StudentT(d[1:], 3.0, 2.0)
+    plain = 0.5 * 4 * jnp.log1p((jnp.asarray(d[1:]) / 2.0) ** 2 / 3.0)
+    assert float(small.energy(jnp.zeros(3))) == float(jnp.sum(plain))
+    vc = sv.VariableCovarianceStudentT(d, 3.0)
+    assert np.isfinite(float(vc.energy((jnp.zeros(4), jnp.full(4, 2.0)))))
+    f32 = sv.StudentT(np.array([1e17, 1.0], np.float32), 3.0, 1e-3)  # r = 1e20: r^2 overflows float32
+    assert np.isfinite(float(f32.energy(jnp.zeros(2, jnp.float32))))
+
+
+def test_positive_parameters_must_be_normal_numbers_of_the_data_dtype():
+    """A subnormal float32 dof or noise flushes to 0 in XLA (energy inf or 0): refused like an underflow."""
+    for make in (
+        lambda: sv.StudentT(np.ones(2, np.float32), 1e-40, 1.0),
+        lambda: sv.Gaussian(np.ones(2, np.float32), noise_cov_inv=1e-45),
+    ):
+        with pytest.raises(ValueError, match="not representable in the data's dtype float32"):
+            make()
+    assert np.isfinite(float(sv.StudentT(np.ones(2, np.float32), 2e-38, 1.0).energy(jnp.zeros(2, jnp.float32))))

@@ -28,6 +28,10 @@ def test_a_float64_model_without_x64_names_the_switch():
                 run()
             except ValueError as err:
                 print("ERR", err)
+        try:  # float64 data become float32: a value beyond its range is named as such, not as non-finite
+            sv.Gaussian(np.array([1e200, 1.0]), noise_std=1.0)
+        except ValueError as err:
+            print("DATA", err)
         """
     )
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_ENABLE_X64", "XLA_FLAGS")}
@@ -37,6 +41,8 @@ def test_a_float64_model_without_x64_names_the_switch():
     assert len(errs) == 2, out.stdout + out.stderr
     for e in errs:
         assert "float64, but JAX's 64-bit mode is off" in e and "jax.config.update('jax_enable_x64', True)" in e
+    (data,) = [line for line in out.stdout.splitlines() if line.startswith("DATA")]
+    assert "1 value(s) beyond float32's range" in data and "jax_enable_x64" in data, data
 
 
 def test_a_likelihood_not_amended_says_amend():

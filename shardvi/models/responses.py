@@ -244,10 +244,21 @@ def _check_real_dtype(dtype) -> np.dtype:
     return dt
 
 
+def _array_like(a, dtype=None):
+    """``a`` itself when it is an array (NumPy, JAX, traced), else ``np.asarray(a, dtype)`` (a list of numbers)."""
+    if hasattr(a, "dtype") and hasattr(a, "shape"):
+        return a
+    try:
+        return np.asarray(a, dtype)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"expected a real 1-D array, got {type(a).__name__}: {err}") from None
+
+
 def _check_uv(u, v, dtype):
+    u, v = _array_like(u), _array_like(v)
     for name, a in (("u", u), ("v", v)):
-        if np.iscomplexobj(a) or not np.issubdtype(jnp.result_type(a), np.number):
-            raise TypeError(f"{name} must be a real array (wavelengths), got dtype {jnp.result_type(a)}")
+        if np.iscomplexobj(a) or not np.issubdtype(a.dtype, np.number):
+            raise TypeError(f"{name} must be a real array (wavelengths), got dtype {a.dtype}")
     u, v = jnp.asarray(u, dtype), jnp.asarray(v, dtype)
     if u.ndim != 1:
         raise ValueError(f"u must be 1-D, got shape {u.shape}")
@@ -268,17 +279,19 @@ def _check_pixel_size(pixel_size) -> tuple[float, float]:
     return float(ps[0]), float(ps[1])
 
 
-def _check_block_points(inputs, dtype) -> None:
-    """``inputs`` of a per-block call: a mapping with 1-D ``u`` and ``v`` of one length and the response's dtype."""
+def _check_block_points(inputs, dtype) -> dict:
+    """``inputs`` of a per-block call checked: a mapping with 1-D ``u`` and ``v`` of one length and the response's
+    dtype (lists of numbers are taken as arrays of it); returns ``{"u": u, "v": v}``."""
     if not (hasattr(inputs, "keys") and "u" in inputs and "v" in inputs):
         raise TypeError(
             f"inputs must be a mapping with 'u' and 'v' (a block of data_inputs), got {type(inputs).__name__}"
         )
-    u, v = inputs["u"], inputs["v"]
+    u, v = _array_like(inputs["u"], dtype), _array_like(inputs["v"], dtype)
     if np.ndim(u) != 1 or np.shape(u) != np.shape(v):
         raise ValueError(f"inputs 'u' and 'v' must be 1-D of one length, got shapes {np.shape(u)} and {np.shape(v)}")
     if np.dtype(u.dtype) != dtype or np.dtype(v.dtype) != dtype:
         raise TypeError(f"inputs 'u' and 'v' must be {dtype} (the response's dtype), got {u.dtype} and {v.dtype}")
+    return {"u": u, "v": v}
 
 
 def _wrap(phase):
@@ -395,7 +408,7 @@ class NUFFTResponse(Module):
                 f"cast it with image.astype({self.dtype.name!r})"
             )
         if inputs is not None:
-            _check_block_points(inputs, self.dtype)
+            inputs = _check_block_points(inputs, self.dtype)
         x, y = self._points(inputs)
         return nufft2d_type2(image.astype(self.complex_dtype), x, y, iflag=-1, eps=self.eps)
 

@@ -108,6 +108,24 @@ def process_rows(strategy, shape) -> slice:
     return slice(start, stop)
 
 
+def _value_preserving_cast(a: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:
+    """``a`` cast to ``dtype`` where its values survive: the same kind or a wider one (no complex to real, no
+    float to int), integers in range, finite floats finite (a float may round). ``TypeError`` / ``ValueError``."""
+    if a.dtype == dtype:
+        return a
+    if not np.can_cast(a.dtype, dtype, casting="same_kind"):
+        raise TypeError(f"fill's values of dtype {a.dtype} cannot become {dtype} ({what}) without losing their kind")
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = a.astype(dtype)
+    if np.issubdtype(dtype, np.integer):
+        lost = not np.array_equal(out.astype(a.dtype), a)
+    else:
+        lost = bool(np.any(np.isfinite(a) & ~np.isfinite(out)))
+    if lost:
+        raise ValueError(f"fill's values of dtype {a.dtype} do not fit in {dtype} ({what})")
+    return out
+
+
 def field_array(strategy, shape, fill: Callable[[slice], np.ndarray], dtype=None) -> jax.Array:
     """A grid-shaped array split by rows over ``strategy``'s model axis, this process building only its rows.
 
@@ -126,7 +144,9 @@ def field_array(strategy, shape, fill: Callable[[slice], np.ndarray], dtype=None
         distinct row range of this process's devices (for the whole range with
         ``model_shards = 1``).
     dtype : dtype, optional
-        Cast the values to it (default: ``fill``'s dtype).
+        Cast the values to it (default: ``fill``'s dtype): of the same kind or
+        a wider one, integers in its range, finite floats finite in it (else
+        ``TypeError`` / ``ValueError``).
 
     Returns
     -------
@@ -143,7 +163,7 @@ def field_array(strategy, shape, fill: Callable[[slice], np.ndarray], dtype=None
     def rows_of(start: int, stop: int) -> np.ndarray:
         if (start, stop) not in done:
             try:
-                a = np.asarray(fill(slice(start, stop)), dtype=want)
+                a = np.asarray(fill(slice(start, stop)))
             except (TypeError, ValueError) as err:
                 raise TypeError(f"fill must return a numeric array for rows {start}:{stop}: {err}") from err
             expect = (stop - start,) + shape[1:]
@@ -151,8 +171,10 @@ def field_array(strategy, shape, fill: Callable[[slice], np.ndarray], dtype=None
                 raise ValueError(f"fill returned shape {a.shape} for the rows {start}:{stop}, expected {expect}")
             if not np.issubdtype(a.dtype, np.number):
                 raise TypeError(f"fill must return a numeric array, got dtype {a.dtype}")
-            canonical = jax.dtypes.canonicalize_dtype(a.dtype)
-            done[(start, stop)] = a if canonical == a.dtype else a.astype(canonical)
+            if want is not None:
+                a = _value_preserving_cast(a, want, "dtype")
+            canonical = np.dtype(jax.dtypes.canonicalize_dtype(a.dtype))
+            done[(start, stop)] = _value_preserving_cast(a, canonical, "the dtype JAX computes in (jax_enable_x64 off)")
         return done[(start, stop)]
 
     if model_shards(strategy) == 1:

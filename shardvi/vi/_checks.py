@@ -85,7 +85,16 @@ def finite_data(data, argname: str = "data"):
         elif isinstance(leaf, jax.Array):
             keep = True
         elif jax.dtypes.canonicalize_dtype(host.dtype) != host.dtype:  # float64 without x64: checked as stored
-            host = host.astype(jax.dtypes.canonicalize_dtype(host.dtype))
+            given = host
+            with np.errstate(over="ignore"):
+                host = host.astype(jax.dtypes.canonicalize_dtype(host.dtype))
+            n_over = int(np.sum(np.isfinite(given) & ~np.isfinite(host)))
+            if n_over:
+                raise ValueError(
+                    f"{argname} has {n_over} value(s) beyond {host.dtype}'s range: with jax_enable_x64 off, JAX "
+                    f"computes {given.dtype} data in {host.dtype}; enable it "
+                    f'(jax.config.update("jax_enable_x64", True)) or rescale the data'
+                )
         n_bad = int(np.sum(~np.isfinite(host)))
         if n_bad:
             raise ValueError(f"{argname} contains {n_bad} non-finite value(s) (nan or inf)")
@@ -151,7 +160,7 @@ def positive_like(value, data, argname: str, *, inverse_square: bool = False, ke
         dtype = jnp.finfo(d.dtype).dtype
         with np.errstate(over="ignore", under="ignore"):
             host = host.astype(dtype)
-        if not bool(np.all(np.isfinite(host) & (host > 0))):
+        if not bool(np.all(np.isfinite(host) & (host >= jnp.finfo(dtype).tiny))):  # subnormals flush to 0 on XLA
             raise ValueError(
                 f"{argname} is not representable in the data's dtype {np.dtype(dtype).name} "
                 f"(it overflows or underflows; range {jnp.finfo(dtype).tiny:.3g} to "
@@ -197,8 +206,12 @@ def _global_positive(v, d, argname: str, inverse_square: bool):
         raise TypeError(f"{argname} must be a real number or array, got dtype {v.dtype}")
     dtype = jnp.finfo(d.dtype).dtype
     v = jax.jit(lambda a: a.astype(dtype))(v)
-    if not all_true(lambda a: (a > 0) & (a < np.inf), v):
-        raise ValueError(f"{argname} must be strictly positive and finite everywhere (in {np.dtype(dtype).name})")
+    tiny = jnp.finfo(dtype).tiny
+    if not all_true(lambda a: (a >= tiny) & (a < np.inf), v):
+        raise ValueError(
+            f"{argname} must be strictly positive and finite everywhere, a normal number of {np.dtype(dtype).name} "
+            f"(at least {tiny:.3g})"
+        )
     if inverse_square and not all_true(lambda a: ((1 / a) ** 2 > 0) & ((1 / a) ** 2 < np.inf), v):
         raise ValueError(
             f"{argname} is so small (or so large) that 1/{argname}**2 overflows (or underflows to 0) in "

@@ -53,7 +53,7 @@ class StudentT(Likelihood):
 
     def energy(self, s):
         parts = jtu.tree_map(
-            lambda si, di, n, sg: jnp.sum(0.5 * (n + 1) * jnp.log1p(((di - si) / sg) ** 2 / n)),
+            lambda si, di, n, sg: jnp.sum(0.5 * (n + 1) * log1p_scaled_square((di - si) / sg, n)),
             s,
             self.data,
             self.dof,
@@ -84,10 +84,39 @@ class StudentT(Likelihood):
         return {"StudentT": {"data": self.data, "dof": self.dof, "noise_std": self.noise_std}}
 
 
+def log1p_scaled_square(r, n):
+    """``log1p(r**2 / n)`` elementwise, finite wherever ``r`` is and ``n > 0``.
+
+    Where ``r**2 / n`` would overflow it is ``logaddexp(0, 2 log|r| - log n)``; elsewhere the
+    plain expression (its bits).
+    """
+    limit = jnp.sqrt(jnp.finfo(jnp.result_type(r)).max) / 2 * jnp.sqrt(jnp.minimum(n, 1))
+    big = jnp.abs(r) > limit
+    small, large = jnp.where(big, 0, r), jnp.where(big, r, 1)
+    return jnp.where(big, jnp.logaddexp(0, 2 * jnp.log(jnp.abs(large)) - jnp.log(n)), jnp.log1p(small**2 / n))
+
+
+#: above this ``dof`` the normalization's ``log Gamma`` difference comes from its asymptotic series
+_SERIES_DOF = 100.0
+
+
 def t_log_normalization(nu):
     """``log Gamma(nu/2) - log Gamma((nu + 1)/2) + log(nu pi)/2``: ``-log`` of the unit-scale Student-t density's
-    constant (host arrays, float64)."""
-    return gamma_ln(0.5 * nu) - gamma_ln(0.5 * (nu + 1.0)) + 0.5 * np.log(nu * np.pi)
+    constant (host arrays, float64).
+
+    For ``nu > 100`` the difference of the two ``log Gamma`` (each about ``(nu/2) log(nu/2)``, which would
+    cancel to a few digits) is its asymptotic series in ``x = nu/2``: the constant is
+    ``log(2 pi)/2 + 1/(8x) - 1/(192x^3) + 1/(640x^5) - 17/(14336x^7)``, the next term below ``1e-18`` there;
+    it tends to the Gaussian's ``log(2 pi)/2``.
+    """
+    nu = np.asarray(nu, np.float64)
+    big = nu > _SERIES_DOF
+    x = 0.5 * np.where(big, nu, 2.0 * _SERIES_DOF)
+    xi = 1.0 / x
+    series = 0.5 * np.log(2.0 * np.pi) + xi * (1 / 8 - xi**2 * (1 / 192 - xi**2 * (1 / 640 - xi**2 * 17 / 14336)))
+    small = np.where(big, 1.0, nu)
+    direct = gamma_ln(0.5 * small) - gamma_ln(0.5 * (small + 1.0)) + 0.5 * np.log(small * np.pi)
+    return np.where(big, series, direct)
 
 
 def _t_constant(d, nu, sigma):

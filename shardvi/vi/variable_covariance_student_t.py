@@ -9,7 +9,7 @@ from jax import tree_util as jtu
 from ._checks import positive_like, to_device
 from .likelihood import Likelihood
 from .normalization import summed_over_data
-from .student_t import t_log_normalization
+from .student_t import log1p_scaled_square, t_log_normalization
 from .variable_covariance import leaf_sum, mean_std_domain, real_data
 
 __all__ = ["VariableCovarianceStudentT"]
@@ -99,7 +99,7 @@ class VariableCovarianceStudentT(Likelihood):
         mean, std = s
 
         def one(d, n, m, sg):
-            return jnp.sum(0.5 * (n + 1) * jnp.log1p(((d - m) / sg) ** 2 / n) + jnp.log(sg))
+            return jnp.sum(0.5 * (n + 1) * log1p_scaled_square((d - m) / sg, n) + jnp.log(sg))
 
         return leaf_sum(one, self.data, self.dof, mean, std)
 
