@@ -19,16 +19,20 @@ In the reproducible mode (default) every difference is exactly 0; with
 ``--reduce psum`` each cross-device mean differs by about one ulp, and the
 solvers (CG, Newton-CG) amplify that over the iterations to relative
 differences of ~1e-5 or less in the final samples. On CPU the devices are
-forced with ``jax_num_cpu_devices`` (as many as ``--devices``). Progress (a bar
+forced with ``jax_num_cpu_devices`` (as many as ``--devices``, at most
+:data:`MAX_CPU_DEVICES`). Progress (a bar
 on a terminal, one line per iteration otherwise) goes to standard error unless
 ``--quiet``; the result goes to standard output. The arguments are parsed before
-JAX is imported: ``--help`` and bad flags answer at once.
+JAX is imported: ``--help`` and bad flags answer at once (exit status 2, a
+usage line naming the flag). A run whose samples cannot fit the memory ends
+with one error line and exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -37,7 +41,54 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .vi.progress import Progress
 
-__all__ = ["compare", "main", "strategies"]
+__all__ = ["MAX_CPU_DEVICES", "compare", "main", "strategies"]
+
+MAX_CPU_DEVICES = 2048
+"""Most devices ``--devices`` takes. On CPU the CLI forces that many XLA:CPU devices: 2048 start in about a
+second and ``plan`` answers in seconds; 4096 fail in XLA (multiprocess computations) and creating 8192 takes
+tens of seconds. A real accelerator has its own count: more than exist is refused once JAX is imported."""
+
+_MAX_SEED = 2**63  # jax.random.PRNGKey takes a seed that fits int64
+
+
+def _int_flag(minimum: int, maximum: int | None = None):
+    """An argparse ``type``: an int in ``[minimum, maximum]`` (``ArgumentTypeError`` otherwise)."""
+
+    def parse(text: str) -> int:
+        what = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum}"
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+
+    return parse
+
+
+def _seed_flag(text: str) -> int:
+    """An argparse ``type``: a seed in ``[0, 2**63)``."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), got {text!r}") from None
+    if not 0 <= value < _MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), got {value}")
+    return value
+
+
+def _gib_flag(text: str) -> int:
+    """An argparse ``type``: a number of GiB from one byte (``2**-30``) to below ``2**33`` (``2**63`` bytes);
+    returns bytes."""
+    what = "a finite number of GiB from 2**-30 (one byte) to below 2**33 (8 EiB)"
+    try:
+        gib = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not (math.isfinite(gib) and 2**-30 <= gib < 2**33):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return int(gib * 2**30)
 
 
 def _diff(a, b):
@@ -186,6 +237,7 @@ def _plan(args) -> int:
     import jax
 
     from .examples import build_demo
+    from .parallel.memory import InsufficientMemoryError
     from .vi.planner import plan
 
     devices = jax.devices()
@@ -197,15 +249,18 @@ def _plan(args) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    limit = None if args.memory_limit is None else int(args.memory_limit * 2**30)
-    p = plan(
-        problem.likelihood,
-        problem.position,
-        n_samples=args.n_samples,
-        devices=devices[: args.devices],
-        memory_limit=limit,
-        measure=args.measure,
-    )
+    try:
+        p = plan(
+            problem.likelihood,
+            problem.position,
+            n_samples=args.n_samples,
+            devices=devices[: args.devices],
+            memory_limit=args.memory_limit,  # bytes (parsed from GiB)
+            measure=args.measure,
+        )
+    except InsufficientMemoryError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     print(p)
     return 0
 
@@ -214,9 +269,17 @@ def main(argv=None, force_cpu_devices: bool = False) -> int:
     """Run the CLI; ``force_cpu_devices`` (set by ``python -m shardvi``) forces ``--devices`` CPU devices."""
     ap = argparse.ArgumentParser(prog="python -m shardvi", description="shardvi command-line tools")
     sub = ap.add_subparsers(dest="command", required=True)
+    devices_help = (
+        f"number of devices (1 to {MAX_CPU_DEVICES}); on CPU that many are forced, on an accelerator at "
+        "most as many as exist (default 4)"
+    )
     cp = sub.add_parser("compare", help="run one reconstruction on 1 and N devices and print the differences")
     cp.add_argument(
-        "--devices", type=int, default=4, help="number of devices N; on CPU that many are forced (default 4)"
+        "--devices",
+        type=_int_flag(1, MAX_CPU_DEVICES),
+        default=4,
+        help=devices_help + "; forced CPU devices meet in every collective, so far more of them than CPU cores "
+        "may exceed XLA's rendezvous timeout",
     )
     cp.add_argument(
         "--strategy",
@@ -226,33 +289,43 @@ def main(argv=None, force_cpu_devices: bool = False) -> int:
         "or lax_map ('python -m shardvi strategies' lists them all)",
     )
     cp.add_argument("--demo", default="lognormal_1d", help="demo problem: lognormal_1d (default) or wiener_1d")
-    cp.add_argument("--npix", type=int, default=64, help="pixels (default 64)")
-    cp.add_argument("--n-samples", type=int, default=4, help="antithetic sample pairs per iteration (default 4)")
-    cp.add_argument("--iterations", type=int, default=3, help="global MGVI/geoVI iterations (default 3)")
+    cp.add_argument("--npix", type=_int_flag(1), default=64, help="pixels (default 64)")
+    cp.add_argument(
+        "--n-samples", type=_int_flag(1), default=4, help="antithetic sample pairs per iteration (default 4)"
+    )
+    cp.add_argument("--iterations", type=_int_flag(0), default=3, help="global MGVI/geoVI iterations (default 3)")
     cp.add_argument(
         "--reduce",
         default="fixed",
         choices=("fixed", "psum"),
         help="cross-device mean: fixed (reproducible, default) or psum",
     )
-    cp.add_argument("--chunk-size", type=int, default=1, help="samples per vectorized step per device (default 1)")
-    cp.add_argument("--seed", type=int, default=0, help="seed of data and samples (default 0)")
+    cp.add_argument(
+        "--chunk-size",
+        type=_int_flag(1, 2**31 - 1),  # parallel.strategy.MAX_CHUNK (JAX is imported after the flags are read)
+        default=1,
+        help="samples per vectorized step per device (default 1)",
+    )
+    cp.add_argument("--seed", type=_seed_flag, default=0, help="seed of data and samples, in [0, 2**63) (default 0)")
     cp.add_argument("--json", action="store_true", help="print JSON instead of a table")
     cp.add_argument("--quiet", action="store_true", help="no progress on standard error")
     sub.add_parser("strategies", help="list the registered device-map strategies (--strategy NAME)")
     pp = sub.add_parser("plan", help="print the device-map plan (memory per device of each candidate) of a demo")
     pp.add_argument("--demo", default="lognormal_1d", help="demo problem: lognormal_1d (default) or wiener_1d")
-    pp.add_argument("--devices", type=int, default=4, help="number of devices; on CPU that many are forced (default 4)")
-    pp.add_argument("--npix", type=int, default=64, help="pixels (default 64)")
-    pp.add_argument("--n-samples", type=int, default=4, help="antithetic sample pairs per iteration (default 4)")
-    pp.add_argument("--memory-limit", type=float, default=None, help="GiB per device (default: the device's memory)")
+    pp.add_argument("--devices", type=_int_flag(1, MAX_CPU_DEVICES), default=4, help=devices_help)
+    pp.add_argument("--npix", type=_int_flag(1), default=64, help="pixels (default 64)")
+    pp.add_argument(
+        "--n-samples", type=_int_flag(1), default=4, help="antithetic sample pairs per iteration (default 4)"
+    )
+    pp.add_argument(
+        "--memory-limit",
+        type=_gib_flag,
+        default=None,
+        metavar="GIB",
+        help="GiB per device, from 2**-30 (one byte) to below 2**33 (default: the device's memory)",
+    )
     pp.add_argument("--measure", action="store_true", help="also time one sampling step per candidate")
     args = ap.parse_args(argv)
-    for flag in ("devices", "npix", "n_samples"):
-        if getattr(args, flag, 1) < 1:
-            ap.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    if getattr(args, "memory_limit", None) is not None and not args.memory_limit > 0:
-        ap.error(f"--memory-limit must be > 0 (GiB), got {args.memory_limit}")
     if args.command == "strategies":
         print(strategies())
         return 0
@@ -261,7 +334,7 @@ def main(argv=None, force_cpu_devices: bool = False) -> int:
 
     if force_cpu_devices and os.environ.get("JAX_PLATFORMS", "cpu") in ("cpu", ""):
         try:  # possible before the first JAX computation only
-            jax.config.update("jax_num_cpu_devices", max(args.devices, 1))
+            jax.config.update("jax_num_cpu_devices", args.devices)
             from ._xla_flags import depth_first_cpu_schedule
 
             depth_first_cpu_schedule()  # this program's own process: a model axis over its CPU devices
@@ -293,6 +366,9 @@ def main(argv=None, force_cpu_devices: bool = False) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except parallel.InsufficientMemoryError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     print(json.dumps(res, indent=2) if args.json else _format(res))
     return 0
 

@@ -235,13 +235,17 @@ def check_in_axes(in_axes, n_args):
         raise ValueError("at least one argument must be mapped (in_axes entry 0)")
 
 
+#: the largest chunk size (samples per device and program): an int32 loop bound of the compiled programs
+MAX_CHUNK = 2**31 - 1
+
+
 def check_chunk(chunk_size, argname="chunk_size", allow_none=True):
-    """A positive int (or ``None`` where allowed)."""
+    """A positive int up to :data:`MAX_CHUNK` (or ``None`` where allowed)."""
     if chunk_size is None and allow_none:
         return
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or not 1 <= chunk_size <= MAX_CHUNK:
         what = "a positive int or None" if allow_none else "a positive int"
-        raise ValueError(f"{argname} must be {what}, got {chunk_size!r}")
+        raise ValueError(f"{argname} must be {what} (at most {MAX_CHUNK}), got {chunk_size!r}")
 
 
 def check_reduce(reduce):

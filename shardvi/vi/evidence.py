@@ -182,6 +182,29 @@ def _check_dense_fits(n: int, limit) -> None:
         )
 
 
+def _check_probes_fit(n: int, itemsize: int, n_probes: int, order: int, strategy: Strategy, limit) -> None:
+    """The SLQ probes' keys, Lanczos tridiagonals and the Lanczos bases of one chunk must fit one device."""
+    devs = getattr(strategy, "devices", None) or (jax.local_devices()[0],)
+    device_limit, source = memory_limit(devs, limit)
+    if device_limit is None:
+        return
+    chunk = getattr(strategy, "chunk_size", 1)
+    chunk = n_probes if chunk is None else min(int(chunk), n_probes)
+    per_probe = 2 * 8 + (2 * order + 1) * 8  # the key (and its padded copy), alpha, beta and the step count
+    basis = (order + 4) * n * itemsize  # the Lanczos vectors of one probe and its work vectors
+    need = n_probes * per_probe + chunk * basis
+    if need > device_limit:
+        room = max((device_limit - chunk * basis) // per_probe, 0)
+        raise InsufficientMemoryError(
+            f"method='slq' with n_probes={n_probes} (lanczos_order={order}) needs {format_bytes(need)} per device "
+            f"for its probes but a device has {format_bytes(device_limit)} ({source}): at most n_probes={room} "
+            "fit; use fewer probes (the standard error falls as 1/sqrt(n_probes)), a sample_map with a smaller "
+            "chunk_size, or pass memory_limit=... (bytes per device) if the limit is wrong",
+            need,
+            device_limit,
+        )
+
+
 def _flat_metric(lik, p, v):
     """``M(p) v`` on the flat (raveled) latent vector ``v``."""
     _, unravel = ravel_pytree(p)
@@ -351,9 +374,11 @@ def estimate_evidence_lower_bound(
         relevant eigenvalues, else ``"dense"`` up to 2048 latent parameters,
         else ``"slq"``.
     key : jax key, optional
-        Random key of the SLQ probes (default ``PRNGKey(0)``).
+        Random key of the SLQ probes (default ``PRNGKey(0)``); checked as
+        one threefry key whenever given, whichever the method.
     n_probes : int
-        SLQ probes (>= 2 for a standard error).
+        SLQ probes (>= 2 for a standard error); their keys, results and the
+        Lanczos bases of one chunk must fit ``memory_limit``.
     lanczos_order : int
         Lanczos steps per SLQ probe (at most ``n``; fewer where the Krylov
         space is exhausted).
@@ -367,11 +392,12 @@ def estimate_evidence_lower_bound(
         out (NIFTy.re's convention: comparable only between models of the
         same data and noise). A likelihood whose normalization is unknown
         (:meth:`~shardvi.Likelihood.normalization` returns ``None``) needs
-        ``normalized=False``.
+        ``normalized=False``. A Python or NumPy bool.
     memory_limit : int, optional
-        Bytes per device. Before any work the samples, and for
-        ``method="dense"`` the ``n x n`` metric, are held against it (default:
-        the device's memory); too large raises
+        Bytes per device. Before any work the samples, for
+        ``method="dense"`` the ``n x n`` metric and for ``method="slq"`` the
+        ``n_probes`` probes are held against it (default: the device's
+        memory); too large raises
         :class:`~shardvi.parallel.memory.InsufficientMemoryError`.
 
     Returns
@@ -381,15 +407,22 @@ def estimate_evidence_lower_bound(
 
     Raises
     ------
+    TypeError
+        ``key`` is not one threefry key, ``normalized`` not a bool, an int
+        argument of another type.
     ValueError
         For samples without residuals (a point estimate), or with
         ``normalized=True`` for a likelihood that does not know its
         normalization.
+    InsufficientMemoryError
+        The samples, the dense metric or the SLQ probes do not fit
+        ``memory_limit``.
     """
     lh = likelihood
     _check(lh, samples)
-    if not isinstance(normalized, bool):
+    if not isinstance(normalized, (bool, np.bool_)):
         raise TypeError(f"normalized must be a bool, got {type(normalized).__name__}")
+    probe_key = None if key is None else raw_key(key, "key")
     c = lh.normalization() if normalized else 0.0
     if c is None:
         raise ValueError(
@@ -439,12 +472,15 @@ def estimate_evidence_lower_bound(
     check_memory(lh, len(samples), strategy, mirror_samples=False, memory_limit=memory_limit, what="the ELBO")
     if method == "dense":
         _check_dense_fits(n, memory_limit)
+    if method == "slq":
+        itemsize = max(np.dtype(d.dtype).itemsize for d in jtu.tree_leaves(lh.domain))
+        _check_probes_fit(n, itemsize, n_probes, min(lanczos_order, n), strategy, memory_limit)
     pos = samples.pos
 
     if method == "dense":
         log_det, log_det_se, trunc, ev = _dense_log_det(lh, pos, strategy)
     elif method == "slq":
-        k = raw_key(jax.random.PRNGKey(0) if key is None else key)
+        k = jax.random.PRNGKey(0) if probe_key is None else probe_key
         log_det, log_det_se, trunc, ev = _slq_log_det(lh, pos, strategy, k, n_probes, lanczos_order)
     else:
         assert n_eigenvalues is not None

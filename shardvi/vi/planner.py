@@ -35,7 +35,7 @@ from ..parallel.memory import format_bytes, tree_bytes
 from ..parallel.memory import memory_limit as device_memory_limit  # plan's argument has the function's name
 from ..parallel.mesh import check_devices
 from ..parallel.shard_map import ShardMap
-from ..parallel.strategy import Strategy, place
+from ..parallel.strategy import MAX_CHUNK, Strategy, place
 from ..parallel.vmap import Vmap
 from .likelihood import Likelihood, amend_hint
 from .modes import parse_sample_mode
@@ -136,12 +136,13 @@ def _divisors(n: int) -> list:
 
 
 def _chunk_options(per_device: int) -> list:
-    """Chunk sizes worth comparing: 1, 4, 16, ... below ``per_device``, and all of them at once."""
+    """Chunk sizes worth comparing: 1, 4, 16, ... below ``per_device``, and all of them at once (each at most
+    :data:`~shardvi.parallel.strategy.MAX_CHUNK`)."""
     out, c = [], 1
     while c < per_device:
         out.append(c)
         c *= 4
-    return [*out, per_device]
+    return [c for c in (*out, per_device) if c <= MAX_CHUNK]
 
 
 def _candidates(likelihood, devices, n_samples: int, mirror: bool, split_over_processes: bool = False) -> list:
@@ -304,7 +305,8 @@ def plan(
         As in :func:`~shardvi.optimize_kl`; the steps they compile are the
         ones measured (``sample_mode`` must be a mode name).
     measure : bool
-        Also time one sampling step per candidate (this draws samples).
+        Also time one sampling step per candidate (this draws samples). A
+        Python or NumPy bool.
 
     Returns
     -------
@@ -313,6 +315,15 @@ def plan(
         strategy: the fastest kind that fits — on a GPU (or TPU) the largest
         chunk on the most devices, on CPU chunk 1 on the most devices — and,
         where nothing fits, the one that needs the least memory.
+
+    Raises
+    ------
+    TypeError
+        ``likelihood`` is not a Likelihood, ``sample_mode`` not a mode name,
+        ``mirror_samples`` or ``measure`` not a bool, ``devices`` not a
+        sequence of devices.
+    ValueError
+        ``n_samples`` is not an int >= 1, ``memory_limit`` not an int > 0.
     """
     return _plan(
         likelihood,
@@ -337,6 +348,10 @@ def _plan(
     if not isinstance(likelihood, Likelihood):
         raise TypeError(f"likelihood must be a shardvi Likelihood, got {type(likelihood).__name__}")
     n_samples = _positive_int(n_samples, "n_samples")
+    for name, flag in (("mirror_samples", mirror), ("measure", measure)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    mirror, measure = bool(mirror), bool(measure)
     if not isinstance(sample_mode, str):
         raise TypeError("sample_mode of a plan must be a mode name (the mode whose steps are measured)")
     parse_sample_mode(sample_mode)

@@ -159,7 +159,8 @@ class Samples:
     ``in_axes`` spec is built with ``Samples.tree_unflatten(None, (None, 0, None))``.
     ``len(samples)`` is ``n``. Iterating yields ``pos + residuals[i]``; with no
     residuals it yields ``pos`` once, and ``mean``/``mean_and_std`` reduce to
-    the point estimate (std 0).
+    the point estimate (std 0); one unmirrored sample has a NaN (undefined)
+    corrected std.
     """
 
     def __init__(self, pos, residuals, keys=None):
@@ -276,13 +277,37 @@ class Samples:
     def mean_and_std(self, fn: Callable | None = None, correct_bias: bool = True):
         """Sample mean and standard deviation of ``fn(sample)``.
 
-        ``correct_bias`` divides the variance by ``n - 1`` (``n > 1``).
+        Parameters
+        ----------
+        fn : callable, optional
+            Applied to every sample first (default: the samples themselves).
+        correct_bias : bool
+            Divide the variance by ``n - 1`` (Bessel's correction, default)
+            instead of ``n``. A Python or NumPy bool.
+
+        Returns
+        -------
+        mean, std : pytree
+            ``std`` is real (for complex values the root mean square of
+            ``|value - mean|``). With no residuals (``n = 0``, a point estimate) the mean is
+            ``fn(pos)`` and ``std`` is 0. With one sample (``n = 1``,
+            unmirrored) the corrected ``std`` is undefined and NaN, as NumPy's
+            ``std(ddof=1)``; ``correct_bias=False`` gives 0.
+
+        Raises
+        ------
+        TypeError
+            ``correct_bias`` is not a bool.
         """
+        if not isinstance(correct_bias, (bool, np.bool_)):
+            raise TypeError(f"correct_bias must be a bool, got {type(correct_bias).__name__}")
         vals = self.map(fn) if fn is not None else self.samples
-        n = max(len(self), 1)
+        n = len(self)
         mean = jtu.tree_map(lambda v: jnp.mean(v, axis=0), vals)
-        if n == 1:
+        if n == 0 or (n == 1 and not correct_bias):
             return mean, jtu.tree_map(lambda m: jnp.zeros_like(jnp.real(m)), mean)
+        if n == 1:
+            return mean, jtu.tree_map(lambda m: jnp.full_like(jnp.real(m), jnp.nan), mean)
         ddof = 1 if correct_bias else 0
         std = jtu.tree_map(lambda v: jnp.std(v, axis=0, ddof=ddof), vals)
         return mean, std

@@ -246,7 +246,10 @@ def wiener_filter_posterior(
     cg : CGConfig
         Stopping rules of every CG solve (default relative residual 1e-10).
     mirror_samples : bool
-        Antithetic pairs ``+r, -r`` (default) or one sample per key.
+        Antithetic pairs ``+r, -r`` (default) or one sample per key (then
+        ``n_samples=1`` gives one sample, whose
+        :meth:`~shardvi.Samples.mean_and_std` std is NaN: use pairs or
+        ``n_samples >= 2``).
     sample_map, devices
         How the sample solves are mapped over devices, as in
         :func:`~shardvi.optimize_kl` (``"auto"`` included).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 
 import jax
 import numpy as np
@@ -44,17 +45,44 @@ def _describe_tree(tree) -> dict:
     return {"leaves": leaves, "unknown": unknown}
 
 
-def _settings_record(value):
+_JSON_SCALARS = (type(None), bool, int, float, str)
+
+
+def _json_scalar(name: str, path: str, v):
+    """A settings leaf as a JSON scalar (NumPy scalars and 0-d arrays by value); ``TypeError`` otherwise."""
+    if isinstance(v, _JSON_SCALARS):
+        return v
+    if isinstance(v, np.generic) or (isinstance(v, (np.ndarray, jax.Array)) and np.ndim(v) == 0):
+        item = np.asarray(v).item()
+        if isinstance(item, _JSON_SCALARS):
+            return item
+    where = f"{name}{path}" if path else name
+    raise TypeError(
+        f"fingerprint setting {where} must be None, a bool, int, float or str (or a pytree of them), "
+        f"got {type(v).__name__}" + (f" of shape {np.shape(v)}" if hasattr(v, "shape") else "")
+    )
+
+
+def _settings_record(name: str, value):
     """JSON form of a setting: plain JSON values as they are, a pytree of bools (a selection) as the
     list of its selected paths, other pytrees as ``[[path, leaf], ...]``."""
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if isinstance(value, _JSON_SCALARS):
         return value
-    flat = [
-        (jtu.keystr(p), v.item() if isinstance(v, np.generic) else v) for p, v in jtu.tree_flatten_with_path(value)[0]
-    ]
+    flat = [(jtu.keystr(p), _json_scalar(name, jtu.keystr(p), v)) for p, v in jtu.tree_flatten_with_path(value)[0]]
     if all(isinstance(v, bool) for _, v in flat):
         return [p or "." for p, v in flat if v]
     return [[p, v] for p, v in flat]
+
+
+def _same(a, b) -> bool:
+    """``a == b`` for JSON values, with NaN equal to NaN (a setting stored as NaN matches NaN)."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
 
 
 def fingerprint(likelihood, position, **settings) -> dict:
@@ -70,18 +98,25 @@ def fingerprint(likelihood, position, **settings) -> dict:
     position : pytree
         A latent position: tree structure, shapes and dtypes.
     **settings
-        JSON values or pytrees of them (e.g. ``mirror_samples``, the
-        ``point_estimates`` mask).
+        JSON values (``None``, bool, int, float, str; NumPy scalars by
+        value) or pytrees of them (e.g. ``mirror_samples``, the
+        ``point_estimates`` mask). A NaN setting matches NaN when compared.
 
     Returns
     -------
     dict
         JSON-serializable; stored in the index by :func:`save_checkpoint`.
+
+    Raises
+    ------
+    TypeError
+        A setting, or a leaf of one, is not a JSON scalar (e.g. an array).
     """
+    records = {k: _settings_record(k, v) for k, v in sorted(settings.items())}  # checked before any hashing
     return {
         "likelihood": _describe_tree(getattr(likelihood, "data_leaves", None)),
         "latent": _structure(position),
-        "settings": {k: _settings_record(v) for k, v in sorted(settings.items())},
+        "settings": records,
     }
 
 
@@ -118,6 +153,6 @@ def _fingerprint_differences(saved: dict, current: dict) -> list:
     ss, cs = saved.get("settings"), current.get("settings", {})
     if isinstance(ss, dict):
         for k in sorted(set(ss) & set(cs)):
-            if ss[k] != cs[k]:
+            if not _same(ss[k], cs[k]):
                 out.append(f"{k}: {ss[k]!r} in the checkpoint, {cs[k]!r} now")
     return out

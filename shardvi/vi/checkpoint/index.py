@@ -10,7 +10,7 @@ from ..diagnostics import IterationReport
 from ..modes import SampleMode
 from .files import _INDEX, _LEGACY_FORMATS, _NPZ_RE, FORMAT, CheckpointError, check_path
 
-__all__ = ["read_index"]
+__all__ = ["check_fingerprint", "read_index"]
 
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 
@@ -55,6 +55,9 @@ def _is_record(r) -> bool:
         and isinstance(r[2], str)
         and (r[3] is None or (isinstance(r[3], str) and _SHA_RE.fullmatch(r[3]) is not None))
     )
+
+
+_FINGERPRINT_FORM = "null or {'likelihood': {'leaves': [...], 'unknown': [...]}, 'latent': {...}, 'settings': {...}}"
 
 
 def _valid_fingerprint(fp) -> bool:
@@ -132,11 +135,43 @@ def _validate_index(meta, index: str) -> dict:
     if len(set(files)) != len(files) or npz not in files:
         raise bad(f"files {files!r} must be distinct and include npz {npz!r}")
     if not _valid_fingerprint(meta.get("fingerprint")):
-        raise bad(
-            "fingerprint must be null or {'likelihood': {'leaves': [...], 'unknown': [...]}, "
-            "'latent': {...}, 'settings': {...}}"
-        )
+        raise bad(f"fingerprint must be {_FINGERPRINT_FORM}")
     return meta
+
+
+def check_fingerprint(fp, argname: str = "fingerprint"):
+    """``fp`` as it reads back from an index: ``None`` or a dict from :func:`~shardvi.vi.checkpoint.fingerprint`.
+
+    The rule an index's fingerprint is read with, applied to an argument:
+    JSON-serializable, with the layout of a fingerprint. Returns the JSON
+    round trip of ``fp`` (tuples become lists), the form it is compared in.
+
+    Raises
+    ------
+    TypeError
+        ``fp`` is neither ``None`` nor a dict, or holds a value JSON cannot
+        store (an array, an object).
+    ValueError
+        A dict without a fingerprint's layout, or one that refers to itself.
+    """
+    if fp is None:
+        return None
+    if not isinstance(fp, dict):
+        raise TypeError(
+            f"{argname} must be None or a dict from shardvi.vi.checkpoint.fingerprint, got {type(fp).__name__}"
+        )
+    try:
+        text = json.dumps(fp)
+    except (TypeError, ValueError, RecursionError) as err:
+        kind = TypeError if isinstance(err, TypeError) else ValueError
+        raise kind(
+            f"{argname} must hold JSON values only (None, bool, int, float, str, lists and dicts of them, "
+            f"no cycles): {err}"
+        ) from None
+    fp = json.loads(text)
+    if not _valid_fingerprint(fp):
+        raise ValueError(f"{argname} must be {_FINGERPRINT_FORM} (from shardvi.vi.checkpoint.fingerprint)")
+    return fp
 
 
 def _validate_history(history, nit: int, bad) -> None:

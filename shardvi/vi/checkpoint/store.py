@@ -17,7 +17,7 @@ from ..samples import Samples
 from ..state import OptimizeVIState, check_nit, raw_key
 from .files import _INDEX, FORMAT, CheckpointError, _atomic_write, _on_host, _sha256, _structure, check_path
 from .fingerprints import _fingerprint_differences
-from .index import _owned_files, _read_index
+from .index import _owned_files, _read_index, _validate_index, check_fingerprint
 from .lock import checkpoint_lock
 
 __all__ = ["save_checkpoint", "load_checkpoint", "has_checkpoint"]
@@ -49,13 +49,23 @@ def save_checkpoint(directory, samples: Samples, state: OptimizeVIState, *, fing
     ------
     TypeError
         ``samples`` is not a :class:`~shardvi.Samples`, ``state`` not an
-        :class:`~shardvi.OptimizeVIState`, ``state.nit`` not an int or
-        ``state.key`` not one threefry key (checked before anything is
-        written).
+        :class:`~shardvi.OptimizeVIState`, ``state.nit`` not an int,
+        ``state.key`` not one threefry key, ``fingerprint`` neither ``None``
+        nor a dict of JSON values.
     ValueError
-        ``state.nit`` is negative.
+        ``state.nit`` is negative; ``fingerprint`` does not have the layout
+        of :func:`fingerprint`'s result; the index would not load back (e.g.
+        ``state.history`` holds records :func:`load_checkpoint` refuses).
     CheckpointError
         The directory cannot be created or written.
+
+    Notes
+    -----
+    Every argument, and the index to be written, is checked with the rules
+    :func:`load_checkpoint` reads it with before the directory is created or
+    any file is written. If writing fails, the arrays of this call are
+    removed unless a file of that name was there before: the previous
+    checkpoint stays the one the index names.
     """
     if not isinstance(samples, Samples):
         raise TypeError(f"samples must be a shardvi.Samples, got {type(samples).__name__}")
@@ -66,6 +76,20 @@ def save_checkpoint(directory, samples: Samples, state: OptimizeVIState, *, fing
     check_nit(state.nit, "state.nit")
     state_key = np.asarray(raw_key(state.key, "state.key"))
     d = check_path(directory, "directory")
+    fingerprint = check_fingerprint(fingerprint, "fingerprint")
+    name = f"state-{int(state.nit):06d}.npz"
+    meta = {
+        "format": FORMAT,
+        "nit": int(state.nit),
+        "npz": name,
+        "sha256": "0" * 64,  # the digest of the arrays, once written
+        "structure": _structure(samples.pos),
+        "n_residuals": len(samples),
+        "history": [r._asdict() for r in state.history],
+        "files": [name],
+        "fingerprint": fingerprint,
+    }
+    _check_index(meta)
     try:
         os.makedirs(d, exist_ok=True)
     except OSError as err:
@@ -78,33 +102,43 @@ def save_checkpoint(directory, samples: Samples, state: OptimizeVIState, *, fing
     keys = samples.keys if samples.keys is not None else np.zeros((0, 2), np.uint32)
     arrays["keys"] = np.asarray(keys)
     arrays["state_key"] = state_key
-    name = f"state-{int(state.nit):06d}.npz"
     path = os.path.join(d, name)
     with checkpoint_lock(d):
+        existed = os.path.lexists(path)
+        written = False
         try:
             owned = [f for f in _owned_files(d) if f != name] + [name]
             _atomic_write(path, lambda f: np.savez(f, **arrays))
-            meta = {
-                "format": FORMAT,
-                "nit": int(state.nit),
-                "npz": name,
-                "sha256": _sha256(path),
-                "structure": _structure(samples.pos),
-                "n_residuals": len(samples),
-                "history": [r._asdict() for r in state.history],
-                "files": owned[-_KEEP:],
-                "fingerprint": fingerprint,
-            }
+            written = True
+            meta.update(sha256=_sha256(path), files=owned[-_KEEP:])
+            text = json.dumps(meta, indent=1).encode()
             # the old ones go first: the index on disk names a kept file, never a pruned one
             for f in owned[:-_KEEP]:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(d, f))
-            _atomic_write(os.path.join(d, _INDEX), lambda f: f.write(json.dumps(meta, indent=1).encode()))
-        except OSError as err:
-            raise CheckpointError(
-                f"writing the checkpoint of iteration {state.nit} to {d!r} failed: {err.strerror or err}"
-            ) from err
+            _atomic_write(os.path.join(d, _INDEX), lambda f: f.write(text))
+        except BaseException as err:
+            if written and not existed:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)  # no index names these arrays
+            if isinstance(err, OSError):
+                raise CheckpointError(
+                    f"writing the checkpoint of iteration {state.nit} to {d!r} failed: {err.strerror or err}"
+                ) from err
+            raise
     return path
+
+
+def _check_index(meta: dict) -> None:
+    """``ValueError`` unless ``meta``, written as JSON, passes the checks :func:`load_checkpoint` reads it with."""
+    try:
+        text = json.dumps(meta)
+    except (TypeError, ValueError, RecursionError) as err:
+        raise ValueError(f"state.history cannot be written as JSON: {err}") from None
+    try:
+        _validate_index(json.loads(text), "latest.json")
+    except CheckpointError as err:
+        raise ValueError(f"save_checkpoint would write an index that load_checkpoint refuses: {err}") from None
 
 
 def has_checkpoint(directory) -> bool:
@@ -173,13 +207,14 @@ def load_checkpoint(directory, like_pos, *, fingerprint: dict | None = None, che
         A latent position of the current model; the checkpoint must have the
         same tree structure, shapes and dtypes.
     fingerprint : dict, optional
-        :func:`fingerprint` of the current run, compared with the stored one.
+        :func:`fingerprint` of the current run, compared with the stored one
+        (checked as :func:`save_checkpoint` checks it).
     check_history : callable(tuple of IterationReport) -> list of str, optional
         Further differences between the stored iterations and the current
         run's settings (``optimize_kl`` compares the sample counts and modes).
     force : bool
         Load despite fingerprint / history differences (with a warning).
-        A different latent structure is never loaded.
+        A different latent structure is never loaded. A Python or NumPy bool.
 
     Returns
     -------
@@ -187,11 +222,26 @@ def load_checkpoint(directory, like_pos, *, fingerprint: dict | None = None, che
 
     Raises
     ------
+    TypeError
+        ``fingerprint`` is neither ``None`` nor a dict of JSON values,
+        ``check_history`` is neither ``None`` nor callable, ``force`` is not
+        a bool (checked before anything is read).
+    ValueError
+        ``fingerprint`` does not have the layout of :func:`fingerprint`'s
+        result.
     CheckpointError
         Missing/corrupted/invalid files, a checksum mismatch, a different
         structure, or (without ``force``) a different fingerprint.
     """
     d = check_path(directory, "directory")
+    fingerprint = check_fingerprint(fingerprint, "fingerprint")
+    if check_history is not None and not callable(check_history):
+        raise TypeError(
+            "check_history must be None or a callable(tuple of IterationReport) -> list of str, "
+            f"got {type(check_history).__name__}"
+        )
+    if not isinstance(force, (bool, np.bool_)):
+        raise TypeError(f"force must be a bool, got {type(force).__name__}")
     meta = _read_index(d)
     expected = _structure(like_pos)
     if meta["structure"] != expected:
@@ -210,11 +260,14 @@ def load_checkpoint(directory, like_pos, *, fingerprint: dict | None = None, che
             )
         else:
             diffs += _fingerprint_differences(meta["fingerprint"], fingerprint)
-            unknown = fingerprint.get("likelihood", {}).get("unknown")
+            unknown = (fingerprint.get("likelihood") or {}).get("unknown")
             if unknown:
                 logger.info("checkpoint fingerprint: likelihood parts %s are unknown (not compared)", unknown)
     if check_history is not None:
-        diffs += list(check_history(history))
+        found = check_history(history)
+        if not isinstance(found, (list, tuple)) or not all(isinstance(x, str) for x in found):
+            raise TypeError(f"check_history must return a list of str, got {found!r}")
+        diffs += list(found)
     if diffs:
         listing = "\n".join(f"  - {x}" for x in diffs)
         if not force:
