@@ -51,11 +51,13 @@ tens of seconds. A real accelerator has its own count: more than exist is refuse
 _MAX_SEED = 2**63  # jax.random.PRNGKey takes a seed that fits int64
 
 
-def _int_flag(minimum: int, maximum: int | None = None):
-    """An argparse ``type``: an int in ``[minimum, maximum]`` (``ArgumentTypeError`` otherwise)."""
+def _int_flag(minimum: int, maximum: int | None = None, what: str | None = None):
+    """An argparse ``type``: an int in ``[minimum, maximum]`` (``ArgumentTypeError`` otherwise, saying ``what``
+    is expected; default: the range)."""
+    if what is None:
+        what = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum}"
 
     def parse(text: str) -> int:
-        what = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum}"
         try:
             value = int(text)
         except ValueError:
@@ -65,17 +67,6 @@ def _int_flag(minimum: int, maximum: int | None = None):
         return value
 
     return parse
-
-
-def _seed_flag(text: str) -> int:
-    """An argparse ``type``: a seed in ``[0, 2**63)``."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), got {text!r}") from None
-    if not 0 <= value < _MAX_SEED:
-        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), got {value}")
-    return value
 
 
 def _gib_flag(text: str) -> int:
@@ -306,7 +297,12 @@ def main(argv=None, force_cpu_devices: bool = False) -> int:
         default=1,
         help="samples per vectorized step per device (default 1)",
     )
-    cp.add_argument("--seed", type=_seed_flag, default=0, help="seed of data and samples, in [0, 2**63) (default 0)")
+    cp.add_argument(
+        "--seed",
+        type=_int_flag(0, _MAX_SEED - 1, "an integer in [0, 2**63)"),
+        default=0,
+        help="seed of data and samples, in [0, 2**63) (default 0)",
+    )
     cp.add_argument("--json", action="store_true", help="print JSON instead of a table")
     cp.add_argument("--quiet", action="store_true", help="no progress on standard error")
     sub.add_parser("strategies", help="list the registered device-map strategies (--strategy NAME)")

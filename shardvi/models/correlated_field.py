@@ -39,7 +39,7 @@ from ..module import Module
 from ..parallel.grid import is_slab, local_rows, pad_rows, take
 from ..parallel.slab import layout_hartley
 from .harmonic import RegularGrid, hartley
-from .model import Model, leaf_dtype
+from .model import Model, check_real
 from .priors import LogNormal, Normal, Prior, as_prior
 
 __all__ = ["CorrelatedFieldMaker", "CorrelatedField", "NonParametricAmplitude", "MaternAmplitude", "Hyperparameter"]
@@ -305,12 +305,7 @@ class CorrelatedField(Model):
             leaf = xi[name]
             if is_slab(leaf):
                 continue
-            try:
-                dtype = leaf_dtype(leaf)
-            except (TypeError, ValueError):
-                dtype = None
-            if dtype is None or not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
-                raise TypeError(f"xi[{name!r}] must be a real array, got {type(leaf).__name__} with dtype {dtype}")
+            check_real(leaf, f"xi[{name!r}]", "a real array")
             if tuple(np.shape(leaf)) != tuple(want.shape):
                 raise ValueError(
                     f"xi[{name!r}] has shape {tuple(np.shape(leaf))}, expected {tuple(want.shape)} (the model's "

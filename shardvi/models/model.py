@@ -14,7 +14,7 @@ from jax import tree_util as jtu
 from .._keys import raw_key
 from ..module import Module
 
-__all__ = ["Model", "as_shape", "check_latent", "leaf_dtype", "normalize_domain"]
+__all__ = ["Model", "as_shape", "check_latent", "check_real", "leaf_dtype", "normalize_domain"]
 
 
 def _as_int(x):
@@ -165,6 +165,19 @@ def leaf_dtype(a):
     """The dtype of an array, tracer, ``ShapeDtypeStruct`` or Python/NumPy scalar (no device work)."""
     dtype = getattr(a, "dtype", None)
     return np.dtype(dtype) if dtype is not None else np.asarray(a).dtype
+
+
+def check_real(x, argname: str, what: str = "a real number or array (float or int)") -> np.dtype:
+    """The dtype of ``x`` (array, tracer or number; no device work) where it is real (float or int); ``TypeError``
+    naming ``argname`` and ``what`` is expected otherwise (complex, bool, strings, ragged sequences)."""
+    try:
+        dtype = leaf_dtype(x)
+    except (TypeError, ValueError):
+        dtype = None
+    if dtype is None or not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
+        got = f"dtype {dtype}" if dtype is not None else "a ragged sequence"
+        raise TypeError(f"{argname} must be {what}, got {type(x).__name__} with {got}")
+    return dtype
 
 
 def _all_finite(a) -> bool:

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import gammainc, gammaincc, gammaln, log_ndtr, ndtr
 
-from .model import Model, as_shape, leaf_dtype
+from .model import Model, as_shape, check_real
 
 __all__ = [
     "Prior",
@@ -68,14 +68,7 @@ _LOG_HUGE = math.log(_HUGE)
 
 def _float_dtype(xi):
     """``xi`` as a JAX array of a floating dtype (integers promoted); ``TypeError`` for anything else."""
-    try:
-        dtype = leaf_dtype(xi)
-    except (TypeError, ValueError):
-        dtype = None
-    real = dtype is not None and (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer))
-    if not real:
-        got = f"dtype {dtype}" if dtype is not None else "a ragged sequence"
-        raise TypeError(f"xi must be a real number or array (float or int), got {type(xi).__name__} with {got}")
+    check_real(xi, "xi")
     xi = jnp.asarray(xi)
     return xi if jnp.issubdtype(xi.dtype, jnp.floating) else xi.astype(jnp.result_type(float))
 

@@ -40,6 +40,14 @@ def _global_finite_data(leaf, argname: str, where: str):
     return leaf
 
 
+def check_bool(value, argname: str) -> bool:
+    """``value`` as a bool where it is a Python or NumPy bool; ``TypeError`` naming ``argname`` otherwise (a truthy
+    object such as ``"no"`` is no flag)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{argname} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
 def finite_data(data, argname: str = "data"):
     """Convert leaves to arrays and reject empty, non-finite or non-numeric entries.
 

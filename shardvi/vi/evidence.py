@@ -47,6 +47,7 @@ from ..parallel.field_arrays import holds_global
 from ..parallel.memory import InsufficientMemoryError, check_memory, format_bytes, memory_limit
 from ..parallel.reproducible import engine_options_key, reproducible_jit
 from ..parallel.strategy import Placed, Strategy, get_strategy
+from ._checks import check_bool
 from .kl import hamiltonian, hamiltonian_metric
 from .likelihood import Likelihood
 from .planner import choose_strategy
@@ -420,8 +421,7 @@ def estimate_evidence_lower_bound(
     """
     lh = likelihood
     _check(lh, samples)
-    if not isinstance(normalized, (bool, np.bool_)):
-        raise TypeError(f"normalized must be a bool, got {type(normalized).__name__}")
+    check_bool(normalized, "normalized")
     probe_key = None if key is None else raw_key(key, "key")
     c = lh.normalization() if normalized else 0.0
     if c is None:

@@ -37,6 +37,7 @@ from ..parallel.mesh import check_devices
 from ..parallel.shard_map import ShardMap
 from ..parallel.strategy import MAX_CHUNK, Strategy, place
 from ..parallel.vmap import Vmap
+from ._checks import check_bool
 from .likelihood import Likelihood, amend_hint
 from .modes import parse_sample_mode
 from .settings import DEFAULT_KL_MINIMIZATION, DEFAULT_LINEAR_SAMPLING, DEFAULT_NONLINEAR_UPDATE
@@ -348,10 +349,7 @@ def _plan(
     if not isinstance(likelihood, Likelihood):
         raise TypeError(f"likelihood must be a shardvi Likelihood, got {type(likelihood).__name__}")
     n_samples = _positive_int(n_samples, "n_samples")
-    for name, flag in (("mirror_samples", mirror), ("measure", measure)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
-    mirror, measure = bool(mirror), bool(measure)
+    mirror, measure = check_bool(mirror, "mirror_samples"), check_bool(measure, "measure")
     if not isinstance(sample_mode, str):
         raise TypeError("sample_mode of a plan must be a mode name (the mode whose steps are measured)")
     parse_sample_mode(sample_mode)

@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
 
+from ._checks import check_bool
+
 __all__ = ["Samples", "check_samples", "interleave_pairs"]
 
 
@@ -299,8 +301,7 @@ class Samples:
         TypeError
             ``correct_bias`` is not a bool.
         """
-        if not isinstance(correct_bias, (bool, np.bool_)):
-            raise TypeError(f"correct_bias must be a bool, got {type(correct_bias).__name__}")
+        correct_bias = check_bool(correct_bias, "correct_bias")
         vals = self.map(fn) if fn is not None else self.samples
         n = len(self)
         mean = jtu.tree_map(lambda v: jnp.mean(v, axis=0), vals)

@@ -34,6 +34,7 @@ from ..models.model import check_latent
 from ..parallel.memory import check_memory
 from ..parallel.reproducible import engine_options_key, reproducible_jit
 from ..parallel.strategy import Placed, Strategy, get_strategy
+from ._checks import check_bool
 from .field_split import one_zero_residual
 from .gaussian import Gaussian
 from .kl import kl_metric, kl_value_and_grad
@@ -296,9 +297,8 @@ def wiener_filter_posterior(
         raise ValueError(f"n_samples must be >= 0, got {n_samples}")
     if not isinstance(cg, CGConfig):
         raise TypeError(f"cg must be a CGConfig, got {type(cg).__name__}")
-    for name, flag in (("mirror_samples", mirror_samples), ("check_linear", check_linear)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    check_bool(mirror_samples, "mirror_samples")
+    check_bool(check_linear, "check_linear")
     key = raw_key(key)
     if position is None:
         position = jtu.tree_map(lambda d: jnp.zeros(d.shape, d.dtype), lh.domain)

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util as jtu
 
+from .._checks import check_bool
 from ..diagnostics import IterationReport
 from ..samples import Samples
 from ..state import OptimizeVIState, check_nit, raw_key
@@ -240,8 +241,7 @@ def load_checkpoint(directory, like_pos, *, fingerprint: dict | None = None, che
             "check_history must be None or a callable(tuple of IterationReport) -> list of str, "
             f"got {type(check_history).__name__}"
         )
-    if not isinstance(force, (bool, np.bool_)):
-        raise TypeError(f"force must be a bool, got {type(force).__name__}")
+    check_bool(force, "force")
     meta = _read_index(d)
     expected = _structure(like_pos)
     if meta["structure"] != expected:
